@@ -1,0 +1,32 @@
+"""Lossless tree-attention speculative decoding for transformers VLMs.
+
+Knows nothing about PDFs or OCR. Typical use:
+
+    target = load_target("path/or/id", device="cpu", dtype="bfloat16")
+    result = decode(target, image, prompt, drafts=["draft text", ...])
+    result.text, result.stats.tau
+"""
+
+from .hf_adapter import HFTarget, build_tiny_random, load_target
+from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, make_proposer
+from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
+from .stats import DecodeStats
+from .verify import SamplingConfig
+
+__all__ = [
+    "DecodeConfig",
+    "DecodeRequest",
+    "DecodeResult",
+    "DecodeStats",
+    "DraftProposer",
+    "HFTarget",
+    "NoDraftProposer",
+    "ProposerConfig",
+    "SamplingConfig",
+    "TextDraftProposer",
+    "build_tiny_random",
+    "decode",
+    "decode_batch",
+    "load_target",
+    "make_proposer",
+]

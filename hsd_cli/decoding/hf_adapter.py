@@ -1,0 +1,463 @@
+"""The only module that knows transformers' cache, mask and position details.
+
+`HFTarget` wraps a loaded image-text-to-text model and offers what the decoding loop needs:
+prefill a batch of (image, prompt) inputs, run one forward over a batch of token trees, keep the
+accepted cache entries, drop finished rows. Per-family details (MRoPE rope deltas, processors,
+chat prompts, stop tokens) live in small `FamilyAdapter` classes.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_device() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def default_dtype(device: str) -> str:
+    # fp32 small-M matmuls are slow on CPU; bf16 is the sensible default everywhere but exact tests.
+    return "float16" if device == "mps" else "bfloat16"
+
+
+# ----------------------------------------------------------------------------------------------
+# Family adapters
+
+
+def _image_only_processor_class(base: type) -> type:
+    """A subclass of a Qwen-VL processor without the video processor (which needs torchvision)."""
+
+    class ImageOnlyProcessor(base):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            super(base, self).__init__(image_processor, tokenizer, chat_template=chat_template)
+
+    ImageOnlyProcessor.__name__ = ImageOnlyProcessor.__qualname__ = f"{base.__name__}ImageOnly"
+    return ImageOnlyProcessor
+
+
+class FamilyAdapter:
+    """What differs per model family. Subclasses are small; see `QwenVLAdapter`."""
+
+    model_types: tuple[str, ...] = ()
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+    def rope_deltas(self, model, inputs: dict) -> torch.Tensor:
+        """Per-row offset added to (past length + depth) to get a new token's position."""
+        return torch.zeros(inputs["input_ids"].shape[0], dtype=torch.long)
+
+    def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B, K) absolute text positions -> what the model's `position_ids` expects."""
+        return positions
+
+    def chat_text(self, processor, prompt: str, with_image: bool) -> str:
+        content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
+        return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def stop_token_ids(self, model, tokenizer) -> list[int]:
+        ids = model.generation_config.eos_token_id
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+            ids.append(tokenizer.eos_token_id)
+        return ids
+
+
+class QwenVLAdapter(FamilyAdapter):
+    """Qwen2-VL and Qwen2.5-VL: MRoPE with 3 position rows and a per-sequence rope delta."""
+
+    model_types = ("qwen2_vl", "qwen2_5_vl")
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoTokenizer
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        processor_class = _image_only_processor_class(self._processor_base())
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
+        template = tokenizer.chat_template or _chat_template_from_dir(path)
+        return processor_class(image_processor, tokenizer, chat_template=template)
+
+    def _processor_base(self) -> type:
+        from transformers import Qwen2_5_VLProcessor
+
+        return Qwen2_5_VLProcessor
+
+    def rope_deltas(self, model, inputs: dict) -> torch.Tensor:
+        if inputs.get("image_grid_thw") is None:
+            return torch.zeros(inputs["input_ids"].shape[0], dtype=torch.long)
+        # Computed here, never read from model.model.rope_deltas: that attribute goes stale.
+        _, deltas = model.model.get_rope_index(
+            inputs["input_ids"],
+            mm_token_type_ids=inputs["mm_token_type_ids"],
+            image_grid_thw=inputs["image_grid_thw"],
+            attention_mask=inputs["attention_mask"],
+        )
+        return deltas.view(-1).cpu()
+
+    def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
+        # Text tokens after the image use the same position on all three MRoPE axes.
+        return positions.unsqueeze(0).expand(3, -1, -1)
+
+
+class Qwen2VLAdapter(QwenVLAdapter):
+    model_types = ("qwen2_vl",)
+
+    def _processor_base(self) -> type:
+        from transformers import Qwen2VLProcessor
+
+        return Qwen2VLProcessor
+
+
+class Qwen25VLAdapter(QwenVLAdapter):
+    model_types = ("qwen2_5_vl",)
+
+
+ADAPTERS: dict[str, FamilyAdapter] = {t: a for a in (Qwen2VLAdapter(), Qwen25VLAdapter()) for t in a.model_types}
+
+
+def adapter_for(model_type: str) -> FamilyAdapter:
+    try:
+        return ADAPTERS[model_type]
+    except KeyError:
+        raise ValueError(f"model family {model_type!r} is not supported; supported: {sorted(ADAPTERS)}") from None
+
+
+def _chat_template_from_dir(path: str) -> str | None:
+    for name in ("chat_template.jinja", "chat_template.json"):
+        file = Path(path) / name
+        if file.is_file():
+            text = file.read_text()
+            return json.loads(text)["chat_template"] if name.endswith(".json") else text
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The target model
+
+
+@dataclass
+class BatchState:
+    """Cache and bookkeeping for the rows being decoded. Slots of the cache can be padding."""
+
+    cache: object
+    slot_valid: torch.Tensor  # (B, L) bool, which cache slots hold real tokens
+    past_len: torch.Tensor  # (B,) long, real tokens in the cache per row (= next text position)
+    rope_delta: torch.Tensor  # (B,) long
+    rows: list[int]  # the caller's index of each row still in the batch
+
+
+class HFTarget:
+    """A transformers image-text-to-text model seen as a tree-verification target."""
+
+    def __init__(self, model, processor, adapter: FamilyAdapter):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.adapter = adapter
+        self.device = model.device
+        self.dtype = model.dtype
+        self.stop_token_ids = adapter.stop_token_ids(model, self.tokenizer)
+
+    # -- text --------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
+
+    def inputs(self, images: Sequence[Image.Image | None], prompts: Sequence[str]) -> dict:
+        """Processor inputs for a batch (left padding so every row's next token is at the end)."""
+        texts = [self.adapter.chat_text(self.processor, p, im is not None) for im, p in zip(images, prompts)]
+        real_images = [im for im in images if im is not None]
+        self.tokenizer.padding_side = "left"
+        batch = self.processor(
+            text=texts, images=real_images or None, return_tensors="pt", padding=True
+        )
+        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # -- decoding primitives -----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, inputs: dict) -> tuple[BatchState, torch.Tensor]:
+        """Run the prompt (and images); return the state and the last-position logits (B, V)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        attention = inputs["attention_mask"].bool()
+        state = BatchState(
+            cache=cache,
+            slot_valid=attention.clone(),
+            past_len=attention.sum(-1).cpu(),
+            rope_delta=self.adapter.rope_deltas(self.model, inputs),
+            rows=list(range(attention.shape[0])),
+        )
+        return state, out.logits[:, -1, :].float()
+
+    @torch.inference_mode()
+    def forward_tree(
+        self,
+        state: BatchState,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        ancestors: torch.Tensor,
+        *,
+        rope_delta_error: int = 0,
+        causal_mask: bool = False,
+    ) -> torch.Tensor:
+        """One forward over a padded batch of trees.
+
+        tokens, depths: (B, K) long; ancestors: (B, K, K) bool, node i sees node j iff
+        ancestors[b, i, j]. Returns fp32 logits (B, K, V). `rope_delta_error` and `causal_mask`
+        exist only so tests can prove that wrong positions or masks are detected.
+        """
+        batch, width = tokens.shape
+        positions = state.past_len[:, None] + depths + state.rope_delta[:, None] + rope_delta_error
+        tree_visible = torch.tril(torch.ones(width, width, dtype=torch.bool)).expand(batch, -1, -1) if causal_mask else ancestors
+        visible = torch.cat([state.slot_valid[:, None, :].expand(-1, width, -1).cpu(), tree_visible], dim=-1)
+        # Float additive mask in the model dtype: boolean 4-D masks are silently wrong with eager.
+        mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=tokens.to(self.device),
+            position_ids=self.adapter.position_ids(positions).to(self.device),
+            attention_mask=mask[:, None].to(self.device),
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        return out.logits.float()
+
+    def commit(self, state: BatchState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None:
+        """Keep, per row, the cache entries of `kept_nodes` (tree node indices) and drop the rest.
+
+        The forward appended `width` slots to every row; the kept ones are moved right after the
+        row's previous real tokens, and the cache is compacted to the longest row (left padded).
+        """
+        old_len = state.slot_valid.shape[1]
+        new_valid = torch.zeros(len(kept_nodes), old_len + width, dtype=torch.bool)
+        new_valid[:, :old_len] = state.slot_valid.cpu()
+        for row, nodes in enumerate(kept_nodes):
+            new_valid[row, [old_len + n for n in nodes]] = True
+        counts = new_valid.sum(-1)
+        new_len = int(counts.max())
+        # Stable sort puts padding first and real slots in their original order last.
+        order = torch.sort(new_valid.to(torch.int8), dim=-1, stable=True).indices[:, -new_len:]
+        index = order.to(self.device)
+        for layer in state.cache.layers:
+            gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, gather)
+            layer.values = layer.values.gather(2, gather)
+        state.slot_valid = torch.gather(new_valid, 1, order)
+        state.past_len = state.past_len + torch.tensor([len(n) for n in kept_nodes])
+
+    def keep_rows(self, state: BatchState, keep: Sequence[int]) -> None:
+        """Drop finished rows from the batch (positions in the current batch to keep)."""
+        index = torch.tensor(list(keep), dtype=torch.long)
+        device_index = index.to(self.device)
+        for layer in state.cache.layers:
+            layer.keys = layer.keys.index_select(0, device_index)
+            layer.values = layer.values.index_select(0, device_index)
+        valid = state.slot_valid[index]
+        trim = int((~valid).all(0).long().cumprod(0).sum())  # leading all-padding columns
+        if trim:
+            for layer in state.cache.layers:
+                layer.keys = layer.keys[:, :, trim:]
+                layer.values = layer.values[:, :, trim:]
+        state.slot_valid = valid[:, trim:]
+        state.past_len = state.past_len[index]
+        state.rope_delta = state.rope_delta[index]
+        state.rows = [state.rows[i] for i in keep]
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_target(
+    model: str,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> HFTarget:
+    """Load a model by hub id or local directory for speculative decoding."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    device = device or default_device()
+    dtype = dtype or default_dtype(device)
+    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    adapter = adapter_for(config.model_type)
+    processor = adapter.load_processor(model, trust_remote_code)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    network = AutoModelForImageTextToText.from_pretrained(
+        model, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs
+    )
+    network.to(device).eval()
+    return HFTarget(network, processor, adapter)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny random models for tests and benchmarks
+
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+
+
+_PROSE = (
+    "The quick brown fox jumps over the lazy dog. A document page holds titles, paragraphs, "
+    "lists, tables, formulas, figures and captions. Each block is read in order, from the top "
+    "left to the bottom right, and written out as Markdown. Numbers such as 3.14, 2026 and 42 "
+    "appear in dates, prices and references; names such as Alice, Bob and Carol appear in text. "
+    "Simple is better than complex, and readability counts. In the face of ambiguity, refuse the "
+    "temptation to guess. Errors should never pass silently. Now is better than never."
+)
+
+
+def _tokenizer_corpus() -> list[str]:
+    """A fixed offline corpus: prose, Python docstrings, Markdown, LaTeX and digits."""
+    docs = [str.__doc__, list.__doc__, dict.__doc__, json.dumps.__doc__ or "", string.Formatter.__doc__ or ""]
+    markup = [
+        "# Title\n\n## Section 1.2\n\nSome **bold** text and *italic* text, a [link](http://x.org).",
+        "| a | b |\n|---|---|\n| 1 | 2 |\n<table><tr><td>cell</td></tr></table>",
+        "$x^2 + y^2 = z^2$ and $$\\frac{a}{b} \\sum_{i=1}^{n} \\alpha_i$$",
+        " ".join(str(n) for n in range(0, 2000, 7)),
+    ]
+    return [_PROSE, *docs, *markup]
+
+
+def build_tiny_tokenizer(vocab_size: int = 1024):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=QWEN_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=QWEN_SPECIAL_TOKENS[1:],
+    )
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _tiny_config(family: str, tokenizer, seed: int):
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        # head_dim 16 -> 8 rotary frequencies split over the (temporal, height, width) axes.
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        # Larger init than the real 0.02 so a random model's greedy text depends on its context
+        # instead of falling into a short loop at once.
+        initializer_range=0.3,
+    )
+    common = dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    if family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig
+
+        vision = dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+            fullatt_block_indexes=[1],
+        )
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "qwen2_vl":
+        from transformers import Qwen2VLConfig
+
+        vision = dict(
+            depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        )
+        return Qwen2VLConfig(text_config=text, vision_config=vision, **common)
+    raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
+
+
+def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random model + processor of `family`, save both to `out_dir`, return it.
+
+    The rows of the LM head for special tokens are zeroed so greedy decoding never ends on
+    its own: logits of random rows are spread around 0, so a zero logit is never the argmax.
+    """
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tiny_tokenizer()
+    config = _tiny_config(family, tokenizer, seed)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for token in QWEN_SPECIAL_TOKENS:
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)].zero_()
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    # Few image tokens: a 56x56..112x112 image becomes 4..16 merged tokens.
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
+    image_processor.save_pretrained(out_dir)
+    (out_dir / "chat_template.jinja").write_text(QWEN_CHAT_TEMPLATE)
+    return out_dir

@@ -1,0 +1,203 @@
+"""The speculative decoding loop: prefill, then propose -> one tree forward -> verify -> keep the
+accepted path in the cache, until EOS, the token budget or the repetition guard.
+
+Knows nothing about transformers: the target is anything with the `Target` methods (see
+`hf_adapter.HFTarget`). Several requests advance together, each with its own tree and length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Protocol
+
+import torch
+
+from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
+from .stats import DecodeStats
+from .tree import TreeBatch, batch_trees
+from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, accept_paths, pick_tokens
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int = 2048
+    sampling: SamplingConfig = SamplingConfig()
+    # Stop once the output ends in a unit of <= 10 tokens repeated more than this many times.
+    repetition_guard: int | None = 10
+    stop_token_ids: tuple[int, ...] | None = None  # None: the target's own stop tokens
+
+
+@dataclass
+class DecodeRequest:
+    image: Any  # a PIL image, or None for a text-only prompt
+    prompt: str
+    proposer: Proposer = field(default_factory=NoDraftProposer)
+    # For near-lossless mode: is the output (token ids) currently inside math? Then stay exact.
+    inside_math: Callable[[Sequence[int]], bool] = lambda tokens: False
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    stats: DecodeStats
+    stop_reason: str  # "eos", "budget" or "repetition"
+    text: str = ""
+
+
+class Target(Protocol):
+    stop_token_ids: list[int]
+
+    def inputs(self, images: Sequence[Any], prompts: Sequence[str]) -> dict: ...
+
+    def prefill(self, inputs: dict) -> tuple[Any, torch.Tensor]: ...
+
+    def forward_tree(self, state: Any, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor: ...
+
+    def commit(self, state: Any, width: int, kept_nodes: Sequence[Sequence[int]]) -> None: ...
+
+    def keep_rows(self, state: Any, keep: Sequence[int]) -> None: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+def is_looping(tokens: Sequence[int], repeats: int, max_unit: int = 10) -> bool:
+    """True when the output ends in a unit of <= max_unit tokens repeated more than `repeats` times."""
+    for unit in range(1, max_unit + 1):
+        span = unit * (repeats + 1)
+        if len(tokens) < span:
+            return False
+        tail = list(tokens[-span:])
+        if tail == tail[-unit:] * (repeats + 1):
+            return True
+    return False
+
+
+@dataclass
+class _Sequence:
+    request: DecodeRequest
+    tokens: list[int] = field(default_factory=list)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    stop_reason: str | None = None
+
+    def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
+        """Append tokens up to and including a stop token or the budget; return how many."""
+        count = 0
+        for token in new_tokens:
+            if len(self.tokens) >= config.max_new_tokens:
+                self.stop_reason = "budget"
+                break
+            self.tokens.append(token)
+            count += 1
+            if token in stop_ids:
+                self.stop_reason = "eos"
+                break
+        if self.stop_reason is None and len(self.tokens) >= config.max_new_tokens:
+            self.stop_reason = "budget"
+        if self.stop_reason is None and config.repetition_guard and is_looping(self.tokens, config.repetition_guard):
+            self.stop_reason = "repetition"
+        return count
+
+
+def _prefill(target: Target, sequences: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> Any:
+    start = perf_counter()
+    inputs = target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences])
+    state, logits = target.prefill(inputs)
+    first = pick_tokens(logits[:, None, :], torch.zeros(len(sequences), 1, dtype=torch.long), [0] * len(sequences), config.sampling)
+    elapsed = perf_counter() - start
+    for sequence, token in zip(sequences, first[:, 0].tolist()):
+        sequence.emit([token], stop_ids, config)
+        sequence.stats.forwards, sequence.stats.new_tokens, sequence.stats.prefill_s = 1, 1, elapsed
+    return state
+
+
+def _propose(active: list[_Sequence]) -> TreeBatch:
+    return batch_trees([s.request.proposer.propose(s.tokens) for s in active])
+
+
+def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
+    if sampling.near_lossless_tau is not None and sampling.greedy:
+        return [
+            accept_path_near_lossless(
+                trees.tokens[row].tolist(),
+                trees.parents[row].tolist(),
+                logits[row],
+                sequence.tokens,
+                sampling.near_lossless_tau,
+                sequence.request.inside_math,
+            )
+            for row, sequence in enumerate(active)
+        ]
+    picked = pick_tokens(logits, trees.depths, [len(s.tokens) for s in active], sampling)
+    return accept_paths(trees, picked)
+
+
+def _step(target: Target, state: Any, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
+    start = perf_counter()
+    trees = _propose(active)
+    proposed_at = perf_counter()
+    logits = target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)
+    outcomes = _verify(active, trees, logits, config.sampling)
+    target.commit(state, trees.width, [o.path for o in outcomes])
+    for row, (sequence, outcome) in enumerate(zip(active, outcomes)):
+        path_tokens = trees.tokens[row, outcome.path[1:]].tolist()
+        sequence.request.proposer.observe(path_tokens)
+        emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
+        sequence.stats.record_step(int(trees.valid[row].sum()) - 1, outcome.accepted, emitted)
+    finished_at = perf_counter()
+    for sequence in active:
+        sequence.stats.propose_s += proposed_at - start
+        sequence.stats.verify_s += finished_at - proposed_at
+
+
+def _drop_finished(target: Target, state: Any, sequences: list[_Sequence]) -> None:
+    keep = [i for i, row in enumerate(state.rows) if sequences[row].stop_reason is None]
+    if len(keep) < len(state.rows):
+        target.keep_rows(state, keep)
+
+
+def decode_batch(target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig()) -> list[DecodeResult]:
+    """Decode several requests together; results in request order."""
+    sequences = [_Sequence(r) for r in requests]
+    stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
+    state = _prefill(target, sequences, config, stop_ids)
+    _drop_finished(target, state, sequences)
+    while state.rows:
+        _step(target, state, [sequences[row] for row in state.rows], config, stop_ids)
+        _drop_finished(target, state, sequences)
+    return [
+        DecodeResult(s.tokens, s.stats, s.stop_reason or "budget", target.decode(s.tokens))
+        for s in sequences
+    ]
+
+
+def make_proposer(
+    target: Target, drafts: Sequence[str], match: str = "tokens", config: ProposerConfig = ProposerConfig()
+) -> Proposer:
+    """`tokens`: exact token matching (drafts written the way the model writes);
+    `chars`: normalised character matching (drafts whose markup differs)."""
+    if not drafts:
+        return NoDraftProposer()
+    if match == "tokens":
+        return DraftProposer([target.encode(d) for d in drafts], config)
+    if match == "chars":
+        return TextDraftProposer(drafts, target.encode, target.decode, config)
+    raise ValueError(f"match must be 'tokens' or 'chars', not {match!r}")
+
+
+def decode(
+    target: Target,
+    image: Any,
+    prompt: str,
+    drafts: Sequence[str] = (),
+    config: DecodeConfig = DecodeConfig(),
+    *,
+    match: str = "tokens",
+    proposer_config: ProposerConfig = ProposerConfig(),
+) -> DecodeResult:
+    """Decode one image + prompt with a set of draft texts."""
+    request = DecodeRequest(image, prompt, make_proposer(target, drafts, match, proposer_config))
+    return decode_batch(target, [request], config)[0]

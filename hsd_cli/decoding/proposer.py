@@ -1,0 +1,258 @@
+"""Draft-target matching: turn a set of drafts into a token tree to verify at each step.
+
+Proposers are small CPU objects over plain token lists; they never see a model. Each step the
+loop calls `propose(context)` (context = every token emitted so far; its last token is the root)
+and then `observe(accepted)` with the draft tokens the target accepted (bonus excluded).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .tree import TokenTree
+
+
+@dataclass(frozen=True)
+class ProposerConfig:
+    window_min: int = 3  # n-gram window for the unique-match test
+    window_max: int = 10
+    chain_max: int = 32  # acceptance rarely runs past a few dozen tokens
+    trie_depth: int = 15
+    trie_budget: int = 40  # draft nodes per trie; CPU forwards grow with width, so keep it small
+
+
+class Proposer(Protocol):
+    def propose(self, context: Sequence[int]) -> TokenTree: ...
+
+    def observe(self, accepted: Sequence[int]) -> None: ...
+
+
+class NoDraftProposer:
+    """Plain decoding: every step verifies the root alone."""
+
+    def propose(self, context: Sequence[int]) -> TokenTree:
+        return TokenTree.chain(context[-1], ())
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        pass
+
+
+def _matched_suffix(context: Sequence[int], draft: Sequence[int], end: int, limit: int) -> int:
+    """How many tokens ending at context[-1] equal the draft tokens ending at draft[end]."""
+    length = 0
+    while length < limit and length <= end and length < len(context):
+        if context[-1 - length] != draft[end - length]:
+            break
+        length += 1
+    return length
+
+
+Source = tuple[int, int] | None  # (draft, position) a proposed token was copied from
+
+
+@dataclass(frozen=True)
+class Continuation:
+    tokens: Sequence[int]
+    score: int  # higher is proposed first (how much context the occurrence matched)
+    source: Source = None  # where tokens[0] sits in the drafts
+
+
+@dataclass
+class _TrieNode:
+    token: int
+    score: int  # the best score among the continuations passing through this node
+    source: Source
+    count: int = 0
+    children: dict[int, _TrieNode] | None = None
+
+
+def build_trie(root: int, continuations: Sequence[Continuation], budget: int) -> tuple[TokenTree, list[Source]]:
+    """Trie of continuations flattened best-first within `budget` draft nodes; returns the tree
+    and, per node, the draft position its token came from (the best continuation's).
+
+    Best-first (by score, then how many continuations share the node) instead of plain
+    breadth-first: with a common root token the first level is wide, and a breadth-first cut
+    would spend the whole budget there instead of going deep on the best-matching draft.
+    Parents are always emitted before their children.
+    """
+    top = _TrieNode(root, score=1 << 30, source=None)
+    for item in sorted(continuations, key=lambda c: -c.score):
+        node = top
+        for offset, token in enumerate(item.tokens):
+            node.children = node.children if node.children is not None else {}
+            child = node.children.get(token)
+            if child is None:
+                source = None if item.source is None else (item.source[0], item.source[1] + offset)
+                child = node.children[token] = _TrieNode(token, item.score, source)
+            child.count += 1
+            node = child
+    tokens, parents, sources = [root], [-1], [None]
+    frontier: list[tuple[int, int, int, int, _TrieNode]] = []
+    serial = 0  # unique tie-breaker so nodes themselves are never compared
+
+    def push_children(node: _TrieNode, index: int) -> None:
+        nonlocal serial
+        for child in (node.children or {}).values():
+            heapq.heappush(frontier, (-child.score, -child.count, serial, index, child))
+            serial += 1
+
+    push_children(top, 0)
+    while frontier and len(tokens) <= budget:
+        _, _, _, parent_index, node = heapq.heappop(frontier)
+        tokens.append(node.token)
+        parents.append(parent_index)
+        sources.append(node.source)
+        push_children(node, len(tokens) - 1)
+    return TokenTree(tuple(tokens), tuple(parents)), sources
+
+
+def _walk(tree: TokenTree, accepted: Sequence[int]) -> int:
+    """The node reached by following `accepted` tokens down from the root."""
+    node = 0
+    for token in accepted:
+        node = next(i for i in range(node + 1, len(tree)) if tree.parents[i] == node and tree.tokens[i] == token)
+    return node
+
+
+class DraftProposer:
+    """Exact token matching against a set of drafts (the region stage's pipeline texts).
+
+    - the last `window` context tokens occur exactly once (across all drafts) -> propose the
+      rest of that draft as a chain;
+    - otherwise a trie of what follows every occurrence of the last token, ranked by how much
+      context each occurrence matches;
+    - no occurrence -> a plain step.
+    The window starts at `window_min`, grows by the accepted tokens while matches are
+    ambiguous (capped at `window_max`) and resets when a lookup finds zero or one match.
+
+    Resynchronisation: when verification stops after draft token at position p, the target's
+    bonus token Y ends the context and often matches nothing (it replaced the draft's token).
+    The next trie then also holds the draft after p + 1 (Y replaced the draft token) and from
+    p + 1 on (Y was inserted), ranked first, as chains of up to `chain_max` tokens.
+    """
+
+    def __init__(self, drafts: Sequence[Sequence[int]], config: ProposerConfig = ProposerConfig()):
+        self.config = config
+        self.drafts = [list(d) for d in drafts if len(d) > 1]
+        # token -> (draft, position) of every occurrence that has a following token
+        self.occurrences: dict[int, list[tuple[int, int]]] = {}
+        for draft_index, draft in enumerate(self.drafts):
+            for position, token in enumerate(draft[:-1]):
+                self.occurrences.setdefault(token, []).append((draft_index, position))
+        self.window = config.window_min
+        self._ambiguous = False
+        self._tree: TokenTree | None = None
+        self._sources: list[Source] = []
+        self._stop: Source = None  # draft position of the last accepted draft token
+
+    def propose(self, context: Sequence[int]) -> TokenTree:
+        root = context[-1]
+        limit = self.config.window_max
+        scored = [(d, p, _matched_suffix(context, self.drafts[d], p, limit)) for d, p in self.occurrences.get(root, ())]
+        window = min(self.window, len(context))
+        full_matches = [item for item in scored if item[2] >= window]
+        self._ambiguous = len(full_matches) > 1
+        if len(full_matches) == 1:
+            draft, position, _ = full_matches[0]
+            chain = self.drafts[draft][position + 1 : position + 1 + self.config.chain_max]
+            self._tree = TokenTree.chain(root, chain)
+            self._sources = [(draft, position + i) for i in range(len(chain) + 1)]
+            return self._tree
+        depth = self.config.trie_depth
+        continuations = [Continuation(self.drafts[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in scored]
+        if self._stop is not None:
+            draft, position = self._stop
+            chain_max, rank = self.config.chain_max, limit + 1
+            continuations += [
+                Continuation(self.drafts[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
+                Continuation(self.drafts[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
+            ]
+        self._tree, self._sources = build_trie(root, continuations, self.config.trie_budget)
+        return self._tree
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        """`accepted`: the draft tokens the target accepted this step (bonus excluded)."""
+        self._stop = self._sources[_walk(self._tree, accepted)] if self._tree is not None else None
+        if self._ambiguous:
+            self.window = min(self.window + len(accepted), self.config.window_max)
+        else:
+            self.window = self.config.window_min
+
+
+def normalise(text: str) -> tuple[str, list[int]]:
+    """Keep letters, digits, CJK and kana (all `isalnum`); map each kept char to its index."""
+    kept = [(ch, i) for i, ch in enumerate(text) if ch.isalnum()]
+    return "".join(ch for ch, _ in kept), [i for _, i in kept]
+
+
+class TextDraftProposer:
+    """Matching in a normalised character space, for drafts whose markup differs from the
+    output (the page stage with region outputs as drafts).
+
+    The tail of the output is decoded and normalised; its longest suffix (at least
+    `min_chars`) found in the normalised drafts gives match points; the original draft text
+    after each match point is re-tokenized into a chain. One match -> a chain, several -> a trie.
+    """
+
+    def __init__(
+        self,
+        draft_texts: Sequence[str],
+        encode: Callable[[str], list[int]],
+        decode: Callable[[Sequence[int]], str],
+        config: ProposerConfig = ProposerConfig(),
+        min_chars: int = 6,
+        max_chars: int = 32,
+        tail_tokens: int = 24,
+        max_matches: int = 8,
+    ):
+        self.config = config
+        self.encode = encode
+        self.decode = decode
+        self.min_chars, self.max_chars = min_chars, max_chars
+        self.tail_tokens = tail_tokens
+        self.max_matches = max_matches
+        self.texts = [t for t in draft_texts if t]
+        self.normalised = [normalise(t) for t in self.texts]
+
+    def _match_points(self, key: str) -> list[tuple[int, int]]:
+        points = []
+        for draft, (norm, _) in enumerate(self.normalised):
+            start = norm.find(key)
+            while start >= 0 and len(points) <= self.max_matches:
+                points.append((draft, start + len(key) - 1))
+                start = norm.find(key, start + 1)
+        return points
+
+    def _continuation(self, draft: int, norm_end: int, tail: str) -> list[int]:
+        text, index = self.texts[draft], self.normalised[draft][1]
+        if tail[-1:].isspace():
+            # The output already wrote its own separator after the last word: continue at the
+            # draft's next word, skipping the draft's markup in between.
+            if norm_end + 1 >= len(index):
+                return []
+            rest = text[index[norm_end + 1] :]
+        else:
+            rest = text[index[norm_end] + 1 :]
+        return self.encode(rest[: self.config.chain_max * 8])[: self.config.chain_max]
+
+    def propose(self, context: Sequence[int]) -> TokenTree:
+        root = context[-1]
+        tail = self.decode(context[-self.tail_tokens :])
+        norm_tail, _ = normalise(tail)
+        for length in range(min(self.max_chars, len(norm_tail)), self.min_chars - 1, -1):
+            points = self._match_points(norm_tail[-length:])
+            if points:
+                break
+        else:
+            return TokenTree.chain(root, ())
+        chains = [self._continuation(d, end, tail) for d, end in points[: self.max_matches]]
+        chains = [c for c in chains if c]
+        if len(chains) == 1:
+            return TokenTree.chain(root, chains[0])
+        return build_trie(root, [Continuation(c, 0) for c in chains], self.config.trie_budget)[0]
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        pass

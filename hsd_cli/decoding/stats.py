@@ -1,0 +1,61 @@
+"""Decoding statistics as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DecodeStats:
+    """Counts for one decoded sequence. The prefill counts as a forward that yields one token,
+    so plain decoding has tau = 1.00 (Spec-Bench convention). In a batch the forward passes and
+    the seconds are shared: every row reports the batch's time for the steps it took part in."""
+
+    forwards: int = 0
+    new_tokens: int = 0
+    accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted draft tokens per step -> steps
+    proposed: int = 0  # draft tokens sent to verification (tree nodes minus roots)
+    accepted: int = 0  # draft tokens accepted (bonus tokens not included)
+    prefill_s: float = 0.0
+    propose_s: float = 0.0
+    verify_s: float = 0.0  # tree forwards, verification and cache compaction
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        steps = sum(self.accepted_hist.values())
+        return self.accepted / steps if steps else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.propose_s + self.verify_s
+
+    def record_step(self, proposed: int, accepted: int, emitted: int) -> None:
+        """One tree forward: `emitted` is accepted + 1 unless EOS or the budget cut the step."""
+        self.forwards += 1
+        self.new_tokens += emitted
+        self.proposed += proposed
+        self.accepted += accepted
+        self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
+
+    def as_dict(self) -> dict:
+        return {
+            "forwards": self.forwards,
+            "new_tokens": self.new_tokens,
+            "tau": round(self.tau, 3),
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted": round(self.mean_accepted, 3),
+            "accepted_hist": {str(k): v for k, v in sorted(self.accepted_hist.items())},
+            "prefill_s": round(self.prefill_s, 4),
+            "propose_s": round(self.propose_s, 4),
+            "verify_s": round(self.verify_s, 4),
+        }

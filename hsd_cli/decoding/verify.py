@@ -1,0 +1,140 @@
+"""Verification of a token tree against the target's logits at every node.
+
+Greedy and sampling share one rule: pick the target's token at every node (argmax, or a draw
+from the processed distribution), then accept the longest root path whose every node carries
+the token picked at its parent. The token picked at the last accepted node is the bonus.
+Sampling draws for output position t come from a generator keyed by (seed, t), so speculative
+sampling emits exactly the tokens plain sampling with the same seed emits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .tree import TreeBatch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int = 0
+    # Near-lossless: also accept a draft token d when p(d) >= near_lossless_tau * p(argmax).
+    # Greedy only; never where the caller's `inside_math` says the output is inside math.
+    near_lossless_tau: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    path: list[int]  # accepted node indices from the root (node 0) down
+    bonus: int  # the target's token at the last accepted node
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path) - 1
+
+
+def processed_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Temperature, top-k, top-p over the last dimension; returns probabilities in fp32."""
+    scores = logits.float() / sampling.temperature
+    if sampling.top_k > 0:
+        kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(-1)
+        # Drop a token when the tokens ranked above it already cover top_p (the first is kept).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(-1)
+
+
+def keyed_uniform(seed: int, position: int) -> float:
+    """The uniform draw for output position `position`: the same wherever it is computed."""
+    generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + position)
+    return float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+def sample_tokens(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws: probs (..., V) and uniforms (...) in [0, 1) -> token ids (...)."""
+    cdf = probs.double().cumsum(-1)
+    target = (uniforms.double() * cdf[..., -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def pick_tokens(logits: torch.Tensor, depths: torch.Tensor, emitted: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
+    """The target's token at every node: (B, K, V) logits -> (B, K).
+
+    The node at depth d of row b picks output position emitted[b] + d (the root is the last
+    emitted token, at position emitted[b] - 1).
+    """
+    if sampling.greedy:
+        return logits.argmax(-1).cpu()
+    probs = processed_probs(logits, sampling).cpu()
+    uniforms = torch.empty(depths.shape, dtype=torch.float64)
+    for row, row_depths in enumerate(depths.tolist()):
+        draws = {d: keyed_uniform(sampling.seed, emitted[row] + d) for d in set(row_depths)}
+        uniforms[row] = torch.tensor([draws[d] for d in row_depths], dtype=torch.float64)
+    return sample_tokens(probs, uniforms)
+
+
+def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> list[StepOutcome]:
+    """Vectorised walk: a node is accepted iff it and all its ancestors carry their parent's pick.
+
+    Children of a node carry distinct tokens (tries and chains), so accepted nodes form a path.
+    """
+    parent_pick = torch.gather(picked, 1, trees.parents.clamp(min=0))
+    matches = (trees.tokens == parent_pick) & trees.valid
+    matches[:, 0] = True  # the root is accepted already
+    accepted = ~(trees.ancestors & ~matches[:, None, :]).any(-1)
+    deepest = torch.where(accepted, trees.depths, -1).argmax(-1)
+    outcomes = []
+    for row, node in enumerate(deepest.tolist()):
+        path = trees.ancestors[row, node].nonzero().view(-1).tolist()  # ancestors precede children
+        outcomes.append(StepOutcome(path, int(picked[row, node])))
+    return outcomes
+
+
+def accept_path_near_lossless(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    logits: torch.Tensor,
+    context: Sequence[int],
+    tau: float,
+    inside_math: Callable[[Sequence[int]], bool],
+) -> StepOutcome:
+    """Greedy walk that also accepts a draft child d when p(d) >= tau * p(argmax).
+
+    The accepted token enters both the output and the cache, so the cache always matches the
+    output. `inside_math(tokens)` is asked for the output up to the node; inside math the walk
+    is exact.
+    """
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            children.setdefault(parent, []).append(node)
+    probs = logits.float().softmax(-1).cpu()
+    node, path = 0, [0]
+    prefix = list(context)
+    while True:
+        best = int(probs[node].argmax())
+        kids = children.get(node, [])
+        chosen = next((k for k in kids if tokens[k] == best), None)
+        if chosen is None and kids and not inside_math(prefix):
+            floor = tau * float(probs[node, best])
+            candidates = [k for k in kids if float(probs[node, tokens[k]]) >= floor]
+            chosen = max(candidates, key=lambda k: float(probs[node, tokens[k]]), default=None)
+        if chosen is None:
+            return StepOutcome(path, best)
+        path.append(chosen)
+        prefix.append(tokens[chosen])
+        node = chosen

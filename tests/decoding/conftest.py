@@ -1,0 +1,28 @@
+"""Tiny random models, built once per session, for the exactness tests."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hsd_cli.decoding.hf_adapter import TINY_FAMILIES, build_tiny_random, load_target
+
+
+@pytest.fixture(scope="session", params=TINY_FAMILIES)
+def tiny_target(request, tmp_path_factory):
+    model_dir = build_tiny_random(request.param, tmp_path_factory.mktemp(request.param))
+    return load_target(str(model_dir), device="cpu", dtype="float32")
+
+
+def random_image(seed: int, height: int = 80, width: int = 100) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+@pytest.fixture(scope="session")
+def make_image():
+    return random_image
+
+
+@pytest.fixture(scope="session")
+def page_image():
+    return random_image(0)

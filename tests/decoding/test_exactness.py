@@ -1,0 +1,206 @@
+"""Speculative decoding must emit exactly what plain decoding of the same model emits."""
+
+import random
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
+from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig
+from hsd_cli.decoding.tree import TokenTree, batch_trees
+from hsd_cli.decoding.verify import SamplingConfig, keyed_uniform, processed_probs, sample_tokens
+
+PROMPT = "Transcribe the text."
+LENGTH = 160
+GREEDY = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None)
+
+
+def generate_greedy(target, image, prompt, length=LENGTH):
+    inputs = target.inputs([image], [prompt])
+    out = target.model.generate(**inputs, max_new_tokens=length, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target, page_image):
+    return generate_greedy(tiny_target, page_image, PROMPT)
+
+
+def speculative(target, image, drafts, config=GREEDY, proposer_config=ProposerConfig(), prompt=PROMPT):
+    proposer = DraftProposer(drafts, proposer_config) if drafts else NoDraftProposer()
+    return decode_batch(target, [DecodeRequest(image, prompt, proposer)], config)[0]
+
+
+def edit(tokens, seed, substitute=0.0, insert=0.0, delete=0.0):
+    rng, out = random.Random(seed), []
+    for token in tokens:
+        roll = rng.random()
+        if roll < delete:
+            continue
+        if roll < delete + insert:
+            out.append(rng.randrange(10, 1000))
+        out.append(rng.randrange(10, 1000) if rng.random() < substitute else token)
+    return out
+
+
+def test_reference_is_long_and_not_a_loop(reference):
+    assert len(reference) == LENGTH and len(set(reference)) > LENGTH // 4
+
+
+def test_perfect_draft(tiny_target, page_image, reference):
+    result = speculative(tiny_target, page_image, [reference])
+    assert result.tokens == reference
+    assert result.stats.tau > 5 and result.stats.new_tokens == LENGTH
+
+
+@pytest.mark.parametrize(
+    "edits", [dict(substitute=0.1), dict(insert=0.1), dict(delete=0.1), dict(substitute=0.1, insert=0.1, delete=0.1)]
+)
+def test_edited_drafts(tiny_target, page_image, reference, edits):
+    result = speculative(tiny_target, page_image, [edit(reference, 1, **edits)])
+    assert result.tokens == reference
+    assert result.stats.accepted > LENGTH // 3  # the drafts did get used
+
+
+def test_empty_and_unrelated_drafts(tiny_target, page_image, reference):
+    assert speculative(tiny_target, page_image, []).tokens == reference
+    unrelated = speculative(tiny_target, page_image, [list(range(900, 1000))])
+    assert unrelated.tokens == reference
+
+
+class RecordingProposer:
+    def __init__(self, inner):
+        self.inner, self.trees = inner, []
+
+    def propose(self, context):
+        self.trees.append(self.inner.propose(context))
+        return self.trees[-1]
+
+    def observe(self, accepted):
+        self.inner.observe(accepted)
+
+
+def widest_node(tree):
+    return max(tree.parents.count(node) for node in range(len(tree)))
+
+
+def test_wide_trees(tiny_target, page_image, reference):
+    # Many drafts that each share short pieces of the reference make wide tries.
+    pieces = [reference[i : i + 6] + edit(reference[i + 6 : i + 12], i, substitute=0.5) for i in range(0, LENGTH - 12, 3)]
+    proposer = RecordingProposer(DraftProposer(pieces, ProposerConfig(trie_budget=64)))
+    result = decode_batch(tiny_target, [DecodeRequest(page_image, PROMPT, proposer)], GREEDY)[0]
+    assert result.tokens == reference
+    assert max(widest_node(tree) for tree in proposer.trees) >= 4
+
+
+def test_eos_and_budget_stop_like_generate(tiny_target, page_image, reference):
+    stop = reference[40]
+    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None, stop_token_ids=(stop,))
+    result = speculative(tiny_target, page_image, [reference], config=config)
+    assert result.tokens == reference[: reference.index(stop) + 1] and result.stop_reason == "eos"
+    short = speculative(tiny_target, page_image, [reference], config=DecodeConfig(max_new_tokens=37, repetition_guard=None))
+    assert short.tokens == reference[:37] and short.stop_reason == "budget"
+
+
+def test_batched_sequences_of_different_lengths(tiny_target, make_image):
+    cases = [
+        (make_image(1, 56, 56), "Read."),
+        (make_image(2, 112, 84), "Transcribe every word of this page, please."),
+        (make_image(3, 84, 112), "Transcribe the text."),
+    ]
+    references = [generate_greedy(tiny_target, image, prompt, 120) for image, prompt in cases]
+    requests = [
+        DecodeRequest(image, prompt, DraftProposer([edit(ref, i, substitute=0.05 * i)]))
+        for i, ((image, prompt), ref) in enumerate(zip(cases, references))
+    ]
+    config = DecodeConfig(max_new_tokens=120, repetition_guard=None)
+    results = decode_batch(tiny_target, requests, config)
+    for result, ref in zip(results, references):
+        assert result.tokens == ref
+    # Rows accept different amounts, so they finish at different steps and leave the batch early.
+    assert len({r.stats.forwards for r in results}) > 1
+
+
+# -- logits -------------------------------------------------------------------------------------
+
+BRANCHING = TokenTree((0, 101, 102, 103, 104, 105, 106), (-1, 0, 0, 1, 1, 2, 5))
+
+
+def tree_logits(target, image, tree, **errors):
+    state, _ = target.prefill(target.inputs([image], [PROMPT]))
+    trees = batch_trees([tree])
+    return target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, **errors)[0]
+
+
+def full_forward_logits(target, image, path_tokens):
+    """No cache, no custom mask or positions: the model's own forward over prompt + path."""
+    inputs = target.inputs([image], [PROMPT])
+    extra = torch.tensor([path_tokens])
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
+    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(extra)], 1)
+    inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
+    with torch.inference_mode():
+        return target.model(**inputs).logits[0, -1].float()
+
+
+def path_to(tree, node):
+    path = []
+    while node >= 0:
+        path.append(tree.tokens[node])
+        node = tree.parents[node]
+    return path[::-1]
+
+
+@pytest.fixture(scope="module")
+def expected_node_logits(tiny_target, page_image):
+    return torch.stack([full_forward_logits(tiny_target, page_image, path_to(BRANCHING, n)) for n in range(len(BRANCHING))])
+
+
+def test_tree_forward_logits_equal_plain_forward(tiny_target, page_image, expected_node_logits):
+    logits = tree_logits(tiny_target, page_image, BRANCHING)
+    assert (logits - expected_node_logits).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("errors", [dict(rope_delta_error=1), dict(causal_mask=True)])
+def test_wrong_positions_or_mask_are_detected(tiny_target, page_image, expected_node_logits, errors):
+    logits = tree_logits(tiny_target, page_image, BRANCHING, **errors)
+    assert (logits - expected_node_logits).abs().max().item() > 1e-4
+
+
+def test_rope_delta_is_not_zero_so_the_control_means_something(tiny_target, page_image):
+    state, _ = tiny_target.prefill(tiny_target.inputs([page_image], [PROMPT]))
+    assert state.rope_delta.abs().sum() > 0
+
+
+# -- sampling -----------------------------------------------------------------------------------
+
+
+class KeyedSampler(LogitsProcessor):
+    """Plain sampling inside `generate`: draw with the keyed generator, return a one-hot score."""
+
+    def __init__(self, sampling, prompt_length):
+        self.sampling, self.prompt_length = sampling, prompt_length
+
+    def __call__(self, input_ids, scores):
+        position = input_ids.shape[1] - self.prompt_length
+        probs = processed_probs(scores, self.sampling)
+        uniforms = torch.full((scores.shape[0],), keyed_uniform(self.sampling.seed, position), dtype=torch.float64)
+        chosen = sample_tokens(probs, uniforms)
+        return torch.full_like(scores, float("-inf")).scatter(1, chosen[:, None], 0.0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.8, seed=3), SamplingConfig(temperature=1.0, top_k=20, top_p=0.9, seed=11)])
+def test_speculative_sampling_equals_plain_sampling(tiny_target, page_image, sampling):
+    inputs = tiny_target.inputs([page_image], [PROMPT])
+    prompt_length = inputs["input_ids"].shape[1]
+    out = tiny_target.model.generate(
+        **inputs, max_new_tokens=LENGTH, do_sample=False, logits_processor=LogitsProcessorList([KeyedSampler(sampling, prompt_length)])
+    )
+    plain = out[0, prompt_length:].tolist()
+    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None, sampling=sampling)
+    result = speculative(tiny_target, page_image, [edit(plain, 2, substitute=0.05)], config=config)
+    assert result.tokens == plain
+    assert result.stats.accepted > LENGTH // 3
+    other_seed = speculative(tiny_target, page_image, [], config=DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None, sampling=SamplingConfig(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed + 1)))
+    assert other_seed.tokens != plain

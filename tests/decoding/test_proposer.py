@@ -1,0 +1,122 @@
+from hsd_cli.decoding.proposer import (
+    Continuation,
+    DraftProposer,
+    NoDraftProposer,
+    ProposerConfig,
+    TextDraftProposer,
+    build_trie,
+    normalise,
+)
+from hsd_cli.decoding.tree import tree_layout
+
+
+def children_of(tree, node):
+    return [tree.tokens[i] for i, p in enumerate(tree.parents) if p == node]
+
+
+def test_unique_match_proposes_rest_of_draft_as_capped_chain():
+    draft = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    proposer = DraftProposer([draft], ProposerConfig(chain_max=4))
+    tree = proposer.propose([50, 2, 3, 4])  # "2 3 4" occurs once; 50 does not matter
+    assert tree.tokens == (4, 5, 6, 7, 8)
+    assert tree.parents == (-1, 0, 1, 2, 3)
+
+
+def test_no_occurrence_is_a_plain_step():
+    proposer = DraftProposer([[1, 2, 3]])
+    assert proposer.propose([9, 9, 42]).tokens == (42,)
+    assert NoDraftProposer().propose([1, 2]).tokens == (2,)
+
+
+def test_match_at_the_last_draft_token_is_useless():
+    proposer = DraftProposer([[1, 2, 3]])
+    assert proposer.propose([1, 2, 3]).tokens == (3,)
+
+
+def test_several_matches_build_trie_ranked_by_context_and_window_grows():
+    # "5 6" is followed by 7 in one place and 8 in another; token 6 also follows 9.
+    drafts = [[1, 5, 6, 7, 7], [2, 5, 6, 8, 8], [9, 6, 3]]
+    proposer = DraftProposer(drafts, ProposerConfig(window_min=2, window_max=5))
+    tree = proposer.propose([5, 6])
+    assert sorted(children_of(tree, 0)) == [3, 7, 8]
+    # The two occurrences matching "5 6" rank before the one matching only "6".
+    assert tree.tokens[1] in (7, 8) and tree.tokens[-1] == 3
+    proposer.observe([7, 7])
+    assert proposer.window == 4
+    proposer.propose([1, 5, 6])  # now unique: "1 5 6"
+    proposer.observe([])
+    assert proposer.window == 2
+
+
+def test_trie_respects_depth_and_budget_and_parents_precede_children():
+    draft = [0] + list(range(100, 140)) + [0] + list(range(200, 240)) + [0] + list(range(300, 340))
+    config = ProposerConfig(trie_depth=15, trie_budget=20)
+    tree = DraftProposer([draft], config).propose([77, 0])
+    assert len(tree) == 21  # root + budget
+    assert max(tree_layout(tree.parents).depths) <= 15
+    assert all(p < i for i, p in enumerate(tree.parents) if i)
+    assert sorted(children_of(tree, 0)) == [100, 200, 300]
+
+
+def test_best_first_flattening_goes_deep_on_the_best_continuation():
+    tree, sources = build_trie(
+        0,
+        [Continuation([1, 2, 3, 4], 1, (0, 10)), Continuation([5, 6, 7, 8], 9, (1, 20))],
+        budget=5,
+    )
+    assert tree.tokens == (0, 5, 6, 7, 8, 1)
+    assert sources == [None, (1, 20), (1, 21), (1, 22), (1, 23), (0, 10)]
+
+
+def test_resynchronises_after_a_substitution_in_the_draft():
+    truth = list(range(10, 40))
+    draft = truth.copy()
+    draft[12] = 99  # the drafter got one token wrong
+    proposer = DraftProposer([draft], ProposerConfig(chain_max=50))
+    tree = proposer.propose(truth[:3])
+    assert tree.tokens[1:] == tuple(draft[3:])
+    proposer.observe(truth[3:12])  # accepted up to the substitution; target emits truth[12]
+    tree = proposer.propose(truth[:13])
+    # truth[12] is nowhere in the draft, yet the draft after the bad token is proposed.
+    assert tree.tokens[0] == truth[12]
+    node, path = 0, []
+    for token in truth[13:]:
+        kids = [i for i, p in enumerate(tree.parents) if p == node and tree.tokens[i] == token]
+        if not kids:
+            break
+        node = kids[0]
+        path.append(token)
+    assert path == truth[13:]
+
+
+def test_normalise_keeps_letters_digits_cjk_and_maps_back():
+    text = "**A-1** 漢字, かな!"
+    norm, index = normalise(text)
+    assert norm == "A1漢字かな"
+    assert [text[i] for i in index] == list(norm)
+
+
+def char_codec():
+    return (lambda s: [ord(c) for c in s]), (lambda tokens: "".join(chr(t) for t in tokens))
+
+
+def test_text_proposer_matches_across_markup_and_retokenizes_the_rest():
+    encode, decode = char_codec()
+    proposer = TextDraftProposer(["**Hello**, wonderful world: the end"], encode, decode, min_chars=4)
+    tree = proposer.propose(encode("Hello, wonderf"))
+    assert decode(tree.tokens[1:]) == "ul world: the end"
+
+
+def test_text_proposer_continues_at_next_word_after_output_whitespace():
+    encode, decode = char_codec()
+    proposer = TextDraftProposer(["| alpha | beta gamma |"], encode, decode, min_chars=4)
+    tree = proposer.propose(encode("alpha\n"))
+    assert decode(tree.tokens[1:]) == "beta gamma |"
+
+
+def test_text_proposer_several_matches_make_a_trie_and_none_a_plain_step():
+    encode, decode = char_codec()
+    proposer = TextDraftProposer(["one two three", "one two four"], encode, decode, min_chars=4)
+    tree = proposer.propose(encode("one two "))
+    assert sorted(children_of(tree, 0)) == [ord("f"), ord("t")]
+    assert len(proposer.propose(encode("zzzzzz"))) == 1

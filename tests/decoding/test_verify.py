@@ -1,0 +1,94 @@
+import torch
+
+from hsd_cli.decoding.tree import TokenTree, batch_trees
+from hsd_cli.decoding.verify import (
+    SamplingConfig,
+    accept_path_near_lossless,
+    accept_paths,
+    keyed_uniform,
+    pick_tokens,
+    processed_probs,
+    sample_tokens,
+)
+
+#        0 (root 10)
+#      /    \
+#   1 (11)  2 (12)
+#    |        |
+#   3 (13)  4 (14)
+#             |
+#           5 (15)
+TREE = TokenTree((10, 11, 12, 13, 14, 15), (-1, 0, 0, 1, 2, 4))
+
+
+def test_greedy_walk_follows_matching_children_and_returns_bonus():
+    batch = batch_trees([TREE])
+    picked = torch.tensor([[12, 99, 14, 99, 15, 42]])
+    (outcome,) = accept_paths(batch, picked)
+    assert outcome.path == [0, 2, 4, 5]
+    assert outcome.bonus == 42
+    assert outcome.accepted == 3
+
+
+def test_walk_stops_at_root_when_no_child_matches():
+    batch = batch_trees([TREE])
+    (outcome,) = accept_paths(batch, torch.tensor([[77, 11, 14, 0, 15, 0]]))
+    assert outcome.path == [0] and outcome.bonus == 77
+
+
+def test_padding_nodes_are_never_accepted():
+    short = TokenTree.chain(1, [2])
+    batch = batch_trees([short, TREE], pad_token=0)  # short is padded with token 0 nodes
+    picked = torch.tensor([[2, 0, 0, 0, 0, 0], [11, 13, 0, 5, 0, 0]])
+    short_outcome, tree_outcome = accept_paths(batch, picked)
+    assert short_outcome.path == [0, 1] and short_outcome.bonus == 0
+    assert tree_outcome.path == [0, 1, 3] and tree_outcome.bonus == 5
+
+
+def test_top_k_and_top_p_processing():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    top_k = processed_probs(logits, SamplingConfig(temperature=1.0, top_k=2))
+    torch.testing.assert_close(top_k, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    top_p = processed_probs(logits, SamplingConfig(temperature=1.0, top_p=0.8))
+    torch.testing.assert_close(top_p, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    top_p_more = processed_probs(logits, SamplingConfig(temperature=1.0, top_p=0.81))
+    assert (top_p_more[0, :3] > 0).all() and top_p_more[0, 3] == 0
+
+
+def test_keyed_draws_depend_only_on_seed_and_position():
+    assert keyed_uniform(3, 17) == keyed_uniform(3, 17)
+    assert keyed_uniform(3, 17) != keyed_uniform(3, 18)
+    assert keyed_uniform(3, 17) != keyed_uniform(4, 17)
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    assert sample_tokens(probs, torch.tensor(0.05)).item() == 0
+    assert sample_tokens(probs, torch.tensor(0.25)).item() == 1
+    assert sample_tokens(probs, torch.tensor(0.95)).item() == 3
+
+
+def test_pick_tokens_uses_the_output_position_of_each_node():
+    sampling = SamplingConfig(temperature=1.0, seed=5)
+    logits = torch.randn(1, 3, 50, generator=torch.Generator().manual_seed(0))
+    depths = torch.tensor([[0, 1, 1]])
+    picked = pick_tokens(logits, depths, [7], sampling)
+    for node, depth in enumerate([0, 1, 1]):
+        expected = sample_tokens(processed_probs(logits[0, node], sampling), torch.tensor(keyed_uniform(5, 7 + depth)))
+        assert picked[0, node].item() == expected.item()
+
+
+def near_lossless_logits(second_share: float) -> torch.Tensor:
+    # At the root the argmax is token 1; token 2 (the draft) has `second_share` of its probability.
+    logits = torch.full((2, 4), -30.0)
+    logits[0, 1] = 0.0
+    logits[0, 2] = float(torch.log(torch.tensor(second_share)))
+    logits[1, 3] = 0.0
+    return logits
+
+
+def test_near_lossless_accepts_close_draft_tokens_only_outside_math():
+    tokens, parents = [0, 2], [-1, 0]
+    close = accept_path_near_lossless(tokens, parents, near_lossless_logits(0.8), [0], 0.75, lambda t: False)
+    assert close.path == [0, 1] and close.bonus == 3
+    far = accept_path_near_lossless(tokens, parents, near_lossless_logits(0.5), [0], 0.75, lambda t: False)
+    assert far.path == [0] and far.bonus == 1
+    in_math = accept_path_near_lossless(tokens, parents, near_lossless_logits(0.8), [0], 0.75, lambda t: True)
+    assert in_math.path == [0] and in_math.bonus == 1
