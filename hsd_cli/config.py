@@ -1,0 +1,85 @@
+"""Frozen run configuration; one field per CLI option."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+
+class DraftBackendName(StrEnum):
+    AUTO = "auto"
+    PDF_TEXT = "pdf-text"
+    OCR = "ocr"
+    PADDLEOCR = "paddleocr"
+
+
+class ImageMode(StrEnum):
+    REF = "ref"  # figures saved as PNG beside the Markdown and referenced from it
+    NONE = "none"  # figures left out
+
+
+class Stages(StrEnum):
+    AUTO = "auto"
+    DRAFT = "draft"
+
+
+class UsageError(ValueError):
+    """A bad option value; the CLI turns it into exit code 2."""
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    output_dir: Path
+    recursive: bool = True
+    pages: str | None = None
+    dpi: int = 150
+    max_pixels: int = 4_194_304
+    draft_backend: DraftBackendName = DraftBackendName.AUTO
+    draft_json_dir: Path | None = None
+    images: ImageMode = ImageMode.REF
+    page_markers: bool = False
+    password: str | None = None
+    stages: Stages = Stages.AUTO
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 36 <= self.dpi <= 600:
+            raise UsageError(f"--dpi must be between 36 and 600, got {self.dpi}")
+        if self.max_pixels < 64 * 64:
+            raise UsageError(f"--max-pixels must be at least {64 * 64}, got {self.max_pixels}")
+        if self.pages is not None:
+            parse_page_ranges(self.pages)  # validate early: a typo is a usage error, not N failures
+
+
+_RANGE = re.compile(r"^\s*(\d+)?\s*(-)?\s*(\d+)?\s*$")
+
+
+def parse_page_ranges(spec: str) -> list[tuple[int, int | None]]:
+    """'1-3,7,10-' -> [(1, 3), (7, 7), (10, None)]; 1-based, inclusive, None = to the end."""
+    ranges: list[tuple[int, int | None]] = []
+    for part in spec.split(","):
+        match = _RANGE.match(part)
+        if not part.strip() or match is None:
+            raise UsageError(f"bad page range {part.strip()!r} in --pages {spec!r} (use e.g. 1-3,7)")
+        first, dash, last = match.groups()
+        if first is None and last is None:
+            raise UsageError(f"bad page range {part.strip()!r} in --pages {spec!r}")
+        start = int(first) if first is not None else 1
+        end = (int(last) if last is not None else None) if dash else start
+        if start < 1 or (end is not None and end < start):
+            raise UsageError(f"bad page range {part.strip()!r} in --pages {spec!r}")
+        ranges.append((start, end))
+    return ranges
+
+
+def select_pages(spec: str | None, page_count: int) -> list[int]:
+    """0-based page indices selected by `spec` that exist in a document of `page_count` pages."""
+    if spec is None:
+        return list(range(page_count))
+    chosen: set[int] = set()
+    for start, end in parse_page_ranges(spec):
+        last = page_count if end is None else min(end, page_count)
+        chosen.update(range(start - 1, last))
+    return sorted(chosen)

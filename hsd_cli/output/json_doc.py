@@ -1,0 +1,71 @@
+"""DocumentResult -> JSON with a named, versioned schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from hsd_cli.records import Block, DocumentResult, PageResult
+
+SCHEMA_NAME = "hsd.document"
+SCHEMA_VERSION = 1
+
+
+def block_json(block: Block, image_ref: str | None) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "id": block.id,
+        "kind": block.kind.value,
+        "bbox": list(block.bbox),
+        "order": block.order,
+        "text": block.text,
+        "confidence": block.confidence,
+        "source": block.source,
+    }
+    if block.level:
+        record["level"] = block.level
+    if block.html is not None:
+        record["html"] = block.html
+    if image_ref:
+        record["image"] = image_ref
+    return record
+
+
+def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str | None]) -> dict[str, Any]:
+    width, height = page.size_pt
+    return {
+        "page": page.page_no,
+        "width": round(width, 2),
+        "height": round(height, 2),
+        "unit": "pt",
+        "origin": "top-left",
+        "draft_backend": page.backend,
+        "flags": list(page.flags),
+        "markdown": markdown,
+        "blocks": [block_json(b, image_ref(b)) for b in page.blocks],
+        "timings": {name: round(seconds, 4) for name, seconds in page.timings.items()},
+        "stats": page.stats,
+    }
+
+
+def document_json(
+    result: DocumentResult,
+    source: dict[str, Any],
+    config: dict[str, Any],
+    page_markdown: Callable[[PageResult], str],
+    image_ref: Callable[[Block], str | None],
+) -> str:
+    from hsd_cli import __version__
+
+    document = {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "hsd_version": __version__,
+        "source": source,
+        "metadata": result.metadata,
+        "config": config,
+        "page_count": result.page_count,
+        "warnings": list(result.warnings),
+        "pages": [page_json(p, page_markdown(p), image_ref) for p in result.pages],
+    }
+    return json.dumps(document, ensure_ascii=False, indent=2) + "\n"

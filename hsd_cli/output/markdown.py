@@ -1,0 +1,47 @@
+"""DocumentResult -> Markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hsd_cli.records import Block, BlockKind, DocumentResult, PageResult
+
+# Running heads, page numbers and footers are page furniture: kept in the JSON, not in the text.
+_FURNITURE = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}
+
+
+def block_markdown(block: Block, image_ref: str | None) -> str:
+    match block.kind:
+        case BlockKind.TITLE | BlockKind.SECTION_HEADER:
+            return "#" * max(1, min(block.level, 6)) + " " + " ".join(block.text.split())
+        case BlockKind.CODE:
+            return f"```\n{block.text}\n```"
+        case BlockKind.FIGURE:
+            parts = [f"![{block.kind.value}]({image_ref})"] if image_ref else []
+            return "\n\n".join(parts + ([block.text] if block.text else []))
+        case _:
+            return block.text
+
+
+def page_markdown(page: PageResult, image_ref: Callable[[Block], str | None]) -> str:
+    out: list[str] = []
+    previous: BlockKind | None = None
+    for block in page.blocks:
+        text = block_markdown(block, image_ref(block)) if block.kind not in _FURNITURE else ""
+        if not text.strip():
+            continue
+        # Consecutive list items form one tight list rather than one list per item.
+        out.append(("\n" if block.kind is previous is BlockKind.LIST else "\n\n") if out else "")
+        out.append(text)
+        previous = block.kind
+    return "".join(out)
+
+
+def document_markdown(
+    result: DocumentResult, image_ref: Callable[[Block], str | None], page_markers: bool
+) -> str:
+    chunks = []
+    for page in result.pages:
+        body = page_markdown(page, image_ref)
+        chunks.append(f"<!-- page {page.page_no} -->\n\n{body}" if page_markers else body)
+    return "\n\n".join(chunk for chunk in chunks if chunk.strip()) + "\n"

@@ -1,0 +1,64 @@
+"""The draft stage: typed layout blocks with text for one page, behind one small interface."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Protocol
+
+import pymupdf
+from pymupdf4llm.helpers.utils import analyze_page
+
+from hsd_cli.config import ConvertConfig, DraftBackendName
+from hsd_cli.records import Block, PageDraft
+from hsd_cli.stages.draft.ocr import OcrDraft
+from hsd_cli.stages.draft.paddle import PaddleDraft, PaddleJsonDraft
+from hsd_cli.stages.draft.pdf_text import PdfTextDraft
+
+
+class DraftBackend(Protocol):
+    name: str
+
+    def blocks(self, page: pymupdf.Page) -> list[Block]: ...
+
+
+class AutoDraft:
+    """Per page: the text layer where it is usable, OCR where PyMuPDF's page analysis says it is not."""
+
+    name = "auto"
+
+    def __init__(self, text: DraftBackend, ocr: DraftBackend) -> None:
+        self.text = text
+        self.ocr = ocr
+
+    def choose(self, page: pymupdf.Page) -> DraftBackend:
+        return self.ocr if analyze_page(page).get("needs_ocr", False) else self.text
+
+    def blocks(self, page: pymupdf.Page) -> list[Block]:
+        return self.choose(page).blocks(page)
+
+
+def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBackend:
+    match config.draft_backend:
+        case DraftBackendName.PDF_TEXT:
+            return PdfTextDraft()
+        case DraftBackendName.OCR:
+            return OcrDraft(config.dpi)
+        case DraftBackendName.PADDLEOCR if config.draft_json_dir is not None:
+            return PaddleJsonDraft(Path(config.draft_json_dir), document_stem)
+        case DraftBackendName.PADDLEOCR:
+            return PaddleDraft(config.dpi)
+        case _:
+            return AutoDraft(PdfTextDraft(), OcrDraft(config.dpi))
+
+
+def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
+    started = time.perf_counter()
+    chosen = backend.choose(page) if isinstance(backend, AutoDraft) else backend
+    blocks = chosen.blocks(page)
+    return PageDraft(
+        page_no=page.number + 1,
+        blocks=tuple(blocks),
+        backend=chosen.name,
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,110 @@
+"""Blocks from PyMuPDF's layout model (via pymupdf4llm) over a page's text layer.
+
+Both the `pdf-text` and the `ocr` backends end here: OCR first writes its lines into the page as
+an invisible text layer, then the same layout analysis turns text into typed blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pymupdf
+
+from hsd_cli.records import BBox, Block, BlockKind
+from hsd_cli.stages.draft.tables import table_block_text
+
+with contextlib.redirect_stdout(io.StringIO()):  # pymupdf4llm prints notices on import
+    from pymupdf4llm.helpers import document_layout
+
+# Parser notices ("OCR on page ...") become debug logging, never stdout or stderr noise.
+pymupdf.set_messages(pylogging=True, pylogging_level=logging.DEBUG)
+
+_KINDS = {
+    "title": BlockKind.TITLE,
+    "section-header": BlockKind.SECTION_HEADER,
+    "text": BlockKind.TEXT,
+    "list-item": BlockKind.LIST,
+    "table": BlockKind.TABLE,
+    "formula": BlockKind.FORMULA,
+    "picture": BlockKind.FIGURE,
+    "caption": BlockKind.CAPTION,
+    "footnote": BlockKind.FOOTNOTE,
+    "code": BlockKind.CODE,
+    "page-header": BlockKind.PAGE_HEADER,
+    "page-footer": BlockKind.PAGE_FOOTER,
+}
+
+_HEADING_MARKS = re.compile(r"^#{1,6}\s+")
+_PICTURE_COMMENTS = re.compile(r"<!-- (Start|End) of picture text -->")
+_BR = re.compile(r"<br\s*/?>")
+
+# (page, dpi, language, keep_ocr_text) -> None; writes OCR text into the page (pymupdf4llm's hook)
+OcrFunction = Callable[..., None]
+
+
+def _clean_block_text(kind: BlockKind, markdown: str) -> str:
+    text = markdown.strip()
+    if kind in (BlockKind.TITLE, BlockKind.SECTION_HEADER):
+        text = _HEADING_MARKS.sub("", text)
+        if text.startswith("**") and text.endswith("**") and text.count("**") == 2:
+            text = text[2:-2].strip()
+    elif kind in (BlockKind.FIGURE, BlockKind.FORMULA):
+        text = _BR.sub("\n", _PICTURE_COMMENTS.sub("", text)).strip()
+        text = re.sub(r"^!\[\]\([^)]*\)\s*", "", text)
+    return text
+
+
+def layout_blocks(
+    page: pymupdf.Page,
+    source: str,
+    ocr_function: OcrFunction | None = None,
+    ocr_dpi: int = 150,
+    confidence: Callable[[BBox], float | None] = lambda bbox: None,
+) -> list[Block]:
+    """Typed blocks in reading order for one page; with `ocr_function` the page is OCR'd first."""
+    # pymupdf4llm prints blank lines to stdout, which belongs to --json; its layout features
+    # take log(0) on degenerate boxes, which numpy reports as warnings.
+    with contextlib.redirect_stdout(io.StringIO()), np.errstate(divide="ignore", invalid="ignore"):
+        parsed = document_layout.parse_document(
+            page.parent,
+            pages=[page.number],
+            use_ocr=document_layout.OCRMode.FORCE_DROP_OLD if ocr_function else document_layout.OCRMode.NEVER,
+            ocr_function=ocr_function,
+            ocr_dpi=ocr_dpi,
+            force_text=True,
+            render_html_tables=True,
+        )
+        chunk = parsed.to_markdown(page_chunks=True, header=True, footer=True)[0]
+    layout = parsed.pages[0]
+    blocks: list[Block] = []
+    for box, info in zip(layout.boxes, chunk["page_boxes"], strict=True):
+        kind = _KINDS.get(box.boxclass, BlockKind.TEXT)
+        start, end = info["pos"]
+        markdown = chunk["text"][start:end]
+        html = None
+        if kind is BlockKind.TABLE and box.table:
+            text, html = table_block_text(box.table.get("html"), markdown)
+        else:
+            text = _clean_block_text(kind, markdown)
+        if not text and kind not in (BlockKind.FIGURE, BlockKind.FORMULA):
+            continue
+        bbox = (round(box.x0, 2), round(box.y0, 2), round(box.x1, 2), round(box.y1, 2))
+        blocks.append(
+            Block(
+                id=f"p{page.number + 1}-b{len(blocks) + 1}",
+                kind=kind,
+                bbox=bbox,
+                order=len(blocks),
+                text=text,
+                confidence=confidence(bbox),
+                source=source,
+                level=(box.header_level or 1) if kind in (BlockKind.TITLE, BlockKind.SECTION_HEADER) else 0,
+                html=html,
+            )
+        )
+    return blocks

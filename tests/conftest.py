@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hsd_cli.cli import app
+from tests import fixtures
+
+
+@pytest.fixture(scope="session")
+def docs_dir(tmp_path_factory) -> Path:
+    """A born-digital PDF and its degraded scan, made once per session."""
+    root = tmp_path_factory.mktemp("docs")
+    fixtures.born_digital_pdf(root / "report.pdf")
+    fixtures.scanned_pdf(root / "report.pdf", root / "scan.pdf")
+    return root
+
+
+def run_hsd(*args: str):
+    """Run the CLI in-process; stdout and stderr stay separate as in a shell."""
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="session")
+def converted(docs_dir, tmp_path_factory) -> dict:
+    """One default (auto) conversion of the fixtures, shared by the read-only tests."""
+    out = tmp_path_factory.mktemp("out")
+    result = run_hsd("convert", docs_dir, "-o", out, "--json", "--page-markers")
+    assert result.exit_code == 0, result.output
+    return {"out": out, "summary": json.loads(result.stdout)}

@@ -1,0 +1,86 @@
+"""Documents the tests make themselves: born-digital PDFs written by PyMuPDF and degraded scans."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import pymupdf
+from PIL import Image, ImageFilter
+
+TITLE = "Annual Report on Garden Widgets"
+SECTION = "Methods and Materials"
+LEFT_COLUMN = (
+    "The left column opens the report. Widgets were grown in twelve gardens across three regions "
+    "during the spring season. Each garden received the same soil mixture and the same amount of water."
+)
+RIGHT_COLUMN = (
+    "The right column continues the story. Growth was measured every week by two independent observers, "
+    "and the results were compared at the end of the season."
+)
+LIST_ITEMS = ("Measure the height of every widget", "Count the leaves twice", "Record the weather daily")
+TABLE_SECTION = "Results by Region"
+TABLE_HEADER = ("Region", "Gardens", "Mean height")
+TABLE_ROWS = (("North", "4", "12.5"), ("South", "5", "14.1"), ("West", "3", "9.8"))
+
+_CSS = "body {font-family: sans-serif; font-size: 11pt;} td, th {border: 1px solid black; padding: 3px;}"
+
+
+def known_text() -> str:
+    """Every word the born-digital fixture puts on its pages, in reading order."""
+    table = " ".join(" ".join(row) for row in (TABLE_HEADER, *TABLE_ROWS))
+    return " ".join([TITLE, SECTION, LEFT_COLUMN, RIGHT_COLUMN, *LIST_ITEMS, TABLE_SECTION, table])
+
+
+def born_digital_pdf(path: Path) -> Path:
+    """Two pages: a title, a heading and two columns (the right one with a list); then a table."""
+    doc = pymupdf.open()
+    page = doc.new_page(width=595, height=842)
+    page.insert_htmlbox(pymupdf.Rect(50, 50, 545, 140), f"<h1>{TITLE}</h1><h2>{SECTION}</h2>", css=_CSS)
+    page.insert_htmlbox(pymupdf.Rect(50, 150, 290, 700), f"<p>{LEFT_COLUMN}</p>", css=_CSS)
+    items = "".join(f"<li>{item}</li>" for item in LIST_ITEMS)
+    page.insert_htmlbox(pymupdf.Rect(305, 150, 545, 700), f"<p>{RIGHT_COLUMN}</p><ul>{items}</ul>", css=_CSS)
+    page = doc.new_page(width=595, height=842)
+    header = "".join(f"<th>{cell}</th>" for cell in TABLE_HEADER)
+    rows = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in TABLE_ROWS)
+    page.insert_htmlbox(
+        pymupdf.Rect(50, 50, 545, 400),
+        f"<h2>{TABLE_SECTION}</h2><table><tr>{header}</tr>{rows}</table>",
+        css=_CSS,
+    )
+    doc.save(path)
+    return path
+
+
+def scanned_pdf(source: Path, path: Path, dpi: int = 200, seed: int = 7) -> Path:
+    """Render the first page of `source`, blur it, add noise, skew it slightly: an image-only PDF."""
+    page = pymupdf.open(source)[0]
+    pixmap = page.get_pixmap(dpi=dpi, alpha=False)
+    image = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples).convert("L")
+    image = image.filter(ImageFilter.GaussianBlur(0.8)).rotate(0.7, fillcolor=255, resample=Image.BICUBIC)
+    rng = random.Random(seed)
+    noisy = image.point(lambda v: v)  # copy
+    pixels = noisy.load()
+    for _ in range(noisy.width * noisy.height // 50):
+        x, y = rng.randrange(noisy.width), rng.randrange(noisy.height)
+        pixels[x, y] = rng.choice((0, 255))
+    buffer = io.BytesIO()
+    noisy.save(buffer, format="JPEG", quality=70)
+    doc = pymupdf.open()
+    scan_page = doc.new_page(width=page.rect.width, height=page.rect.height)
+    scan_page.insert_image(scan_page.rect, stream=buffer.getvalue())
+    doc.save(path)
+    return path
+
+
+def encrypted_pdf(source: Path, path: Path, password: str) -> Path:
+    doc = pymupdf.open(source)
+    doc.save(path, encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw=password, owner_pw=password + "-owner")
+    return path
+
+
+def truncated_pdf(source: Path, path: Path) -> Path:
+    data = source.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path

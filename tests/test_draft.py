@@ -1,0 +1,121 @@
+"""The draft stage on fixtures with known text: accuracy, reading order, tables, backends."""
+
+import json
+
+import pymupdf
+import pytest
+
+from hsd_cli.config import ConvertConfig, DraftBackendName
+from hsd_cli.records import BlockKind
+from hsd_cli.stages.draft import AutoDraft, draft_page, make_draft_backend
+from hsd_cli.stages.draft.paddle import PaddleJsonDraft
+from hsd_cli.stages.draft.tables import html_table_cells, table_block_text
+from tests import fixtures
+from tests.text_metrics import cer, plain
+
+
+def _draft_document(path, backend_name, tmp_path):
+    backend = make_draft_backend(ConvertConfig(output_dir=tmp_path, draft_backend=backend_name), path.stem)
+    with pymupdf.open(path) as doc:
+        return [draft_page(backend, page) for page in doc]
+
+
+def _markdown(converted, name):
+    return (converted["out"] / f"{name}.md").read_text()
+
+
+def test_born_digital_text_is_within_one_percent_cer(converted):
+    assert cer(_markdown(converted, "report"), fixtures.known_text()) <= 0.01
+
+
+def test_synthetic_scan_is_within_five_percent_cer(converted):
+    page_one = fixtures.known_text().split(fixtures.TABLE_SECTION)[0]
+    assert cer(_markdown(converted, "scan"), page_one) <= 0.05
+
+
+def test_auto_picks_text_layer_or_ocr_per_page(converted):
+    documents = {d["input"].rsplit("/", 1)[-1]: d for d in converted["summary"]["documents"]}
+    assert documents["report.pdf"]["draft_backends"] == {"pdf-text": 2}
+    assert documents["scan.pdf"]["draft_backends"] == {"ocr": 1}
+
+
+def test_two_columns_are_read_left_then_right(converted):
+    text = plain(_markdown(converted, "report"))
+    left, right = text.find(fixtures.LEFT_COLUMN), text.find(fixtures.RIGHT_COLUMN)
+    assert 0 <= left < right, "each column must appear whole, the left one first"
+
+
+def test_headings_list_and_table_are_typed(converted):
+    document = json.loads((converted["out"] / "report.json").read_text())
+    blocks = [b for page in document["pages"] for b in page["blocks"]]
+    kinds = {b["kind"] for b in blocks}
+    assert {"section_header", "text", "list", "table"} <= kinds
+    headings = [b["text"] for b in blocks if b["kind"] in ("title", "section_header")]
+    assert fixtures.TITLE in headings and fixtures.SECTION in headings
+    assert [b["text"] for b in blocks if b["kind"] == "list"] == [f"- {item}" for item in fixtures.LIST_ITEMS]
+
+
+def test_table_cells_come_out_as_a_grid(converted):
+    document = json.loads((converted["out"] / "report.json").read_text())
+    (table,) = [b for page in document["pages"] for b in page["blocks"] if b["kind"] == "table"]
+    rows, spans = html_table_cells(table["html"])
+    assert rows == [list(fixtures.TABLE_HEADER), *map(list, fixtures.TABLE_ROWS)]
+    assert not spans
+    assert table["text"].splitlines()[0] == "| Region | Gardens | Mean height |"
+
+
+def test_blocks_carry_ids_bboxes_order_and_source(converted):
+    document = json.loads((converted["out"] / "scan.json").read_text())
+    page = document["pages"][0]
+    assert (page["unit"], page["origin"]) == ("pt", "top-left")
+    for order, block in enumerate(page["blocks"]):
+        x0, y0, x1, y1 = block["bbox"]
+        assert 0 <= x0 < x1 <= page["width"] and 0 <= y0 < y1 <= page["height"]
+        assert block["order"] == order and block["source"] == "ocr"
+        assert 0.5 < block["confidence"] <= 1.0
+
+
+def test_text_layer_backend_finds_nothing_on_a_scan_but_ocr_does(docs_dir, tmp_path):
+    (text_page,) = _draft_document(docs_dir / "scan.pdf", DraftBackendName.PDF_TEXT, tmp_path)
+    (ocr_page,) = _draft_document(docs_dir / "scan.pdf", DraftBackendName.OCR, tmp_path)
+    assert "".join(b.text for b in text_page.blocks if b.kind is not BlockKind.FIGURE) == ""
+    assert fixtures.TITLE in " ".join(b.text for b in ocr_page.blocks)
+
+
+def test_auto_backend_is_the_default(tmp_path):
+    assert isinstance(make_draft_backend(ConvertConfig(output_dir=tmp_path), "x"), AutoDraft)
+
+
+def test_spanning_tables_stay_html_simple_ones_become_pipe_tables():
+    spanning = "<table><tr><th colspan='2'>Both</th></tr><tr><td>a</td><td>b</td></tr></table>"
+    text, html = table_block_text(spanning, "")
+    assert text == spanning and html == spanning
+    simple = "<table><tr><th>A</th><th>B</th></tr><tr><td>1</td><td>x|y</td></tr></table>"
+    text, _ = table_block_text(simple, "")
+    assert text == "| A | B |\n|---|---|\n| 1 | x\\|y |"
+
+
+def test_pp_structure_results_are_read_and_scaled_to_points(docs_dir, tmp_path):
+    result = {
+        "page_index": 0,
+        "parsing_res_list": [
+            {"block_label": "doc_title", "block_content": "A Title", "block_bbox": [144, 144, 720, 216]},
+            {"block_label": "text", "block_content": "Body text.", "block_bbox": [144, 288, 1008, 432]},
+            {
+                "block_label": "table",
+                "block_content": "<html><body><table><tr><td>1</td><td>2</td></tr></table></body></html>",
+                "block_bbox": [144, 500, 1008, 700],
+            },
+            {"block_label": "number", "block_content": "7", "block_bbox": [500, 1600, 520, 1620]},
+        ],
+    }
+    (tmp_path / "report_0_res.json").write_text(json.dumps({"res": result}))
+    backend = PaddleJsonDraft(tmp_path, "report")
+    with pymupdf.open(docs_dir / "report.pdf") as doc:
+        blocks = backend.blocks(doc[0])
+        with pytest.raises(FileNotFoundError):
+            backend.blocks(doc[1])
+    assert [b.kind for b in blocks] == [BlockKind.TITLE, BlockKind.TEXT, BlockKind.TABLE, BlockKind.PAGE_FOOTER]
+    assert blocks[0].bbox == (72.0, 72.0, 360.0, 108.0)  # 144 dpi pixels -> points
+    assert blocks[2].text == "| 1 | 2 |\n|---|---|"
+    assert all(b.source == "paddleocr-json" for b in blocks)
