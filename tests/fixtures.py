@@ -49,7 +49,8 @@ def born_digital_pdf(path: Path) -> Path:
         f"<h2>{TABLE_SECTION}</h2><table><tr>{header}</tr>{rows}</table>",
         css=_CSS,
     )
-    doc.save(path)
+    doc.subset_fonts()
+    doc.save(path, garbage=4, deflate=True)
     return path
 
 
