@@ -75,6 +75,11 @@ class FamilyAdapter:
         messages = [{"role": "user", "content": content}]
         return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    def vision_token_ids(self, config) -> list[int]:
+        """Placeholder and delimiter tokens of images and videos (never real output)."""
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        return [getattr(config, n) for n in names if getattr(config, n, None) is not None]
+
     def stop_token_ids(self, model, tokenizer) -> list[int]:
         ids = model.generation_config.eos_token_id
         ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
@@ -178,6 +183,7 @@ class HFTarget:
         self.device = model.device
         self.dtype = model.dtype
         self.stop_token_ids = adapter.stop_token_ids(model, self.tokenizer)
+        self.vision_token_ids = adapter.vision_token_ids(model.config)
 
     # -- text --------------------------------------------------------------------------------
 
@@ -251,25 +257,46 @@ class HFTarget:
     def commit(self, state: BatchState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None:
         """Keep, per row, the cache entries of `kept_nodes` (tree node indices) and drop the rest.
 
-        The forward appended `width` slots to every row; the kept ones are moved right after the
-        row's previous real tokens, and the cache is compacted to the longest row (left padded).
+        The forward appended `width` slots to every row. They are replaced by `m` slots (m = the
+        longest kept list): row b's kept entries, then padding. Accepted chains are prefixes of
+        the new slots, so usually this is a slice and copies nothing.
         """
         old_len = state.slot_valid.shape[1]
-        new_valid = torch.zeros(len(kept_nodes), old_len + width, dtype=torch.bool)
-        new_valid[:, :old_len] = state.slot_valid.cpu()
-        for row, nodes in enumerate(kept_nodes):
-            new_valid[row, [old_len + n for n in nodes]] = True
-        counts = new_valid.sum(-1)
-        new_len = int(counts.max())
-        # Stable sort puts padding first and real slots in their original order last.
-        order = torch.sort(new_valid.to(torch.int8), dim=-1, stable=True).indices[:, -new_len:]
-        index = order.to(self.device)
+        kept_count = torch.tensor([len(nodes) for nodes in kept_nodes])
+        longest = int(kept_count.max())
+        if all(list(nodes) == list(range(len(nodes))) for nodes in kept_nodes):
+            for layer in state.cache.layers:
+                layer.keys = layer.keys[:, :, : old_len + longest]
+                layer.values = layer.values[:, :, : old_len + longest]
+        else:
+            index = torch.tensor([list(nodes) + [0] * (longest - len(nodes)) for nodes in kept_nodes])
+            self._gather_new_slots(state, old_len, index)
+        new_valid = torch.arange(longest)[None, :] < kept_count[:, None]
+        state.slot_valid = torch.cat([state.slot_valid, new_valid], dim=1)
+        state.past_len = state.past_len + kept_count
+        if state.slot_valid.shape[0] > 1 and (~state.slot_valid).sum() * 2 > state.slot_valid.numel():
+            self._compact(state)
+
+    def _gather_new_slots(self, state: BatchState, old_len: int, index: torch.Tensor) -> None:
+        """Keep the first `old_len` slots and, after them, the new slots at `index` (B, M)."""
+        device_index = index.to(self.device)
         for layer in state.cache.layers:
-            gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            gather = device_index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = torch.cat([layer.keys[:, :, :old_len], layer.keys[:, :, old_len:].gather(2, gather)], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :old_len], layer.values[:, :, old_len:].gather(2, gather)], dim=2)
+
+    def _compact(self, state: BatchState) -> None:
+        """Squeeze out padding slots: every row's real slots move to the right end, in order."""
+        valid = state.slot_valid
+        new_len = int(valid.sum(-1).max())
+        # A stable sort puts padding first and real slots in their original order last.
+        order = torch.sort(valid.to(torch.int8), dim=-1, stable=True).indices[:, -new_len:]
+        device_order = order.to(self.device)
+        for layer in state.cache.layers:
+            gather = device_order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
             layer.keys = layer.keys.gather(2, gather)
             layer.values = layer.values.gather(2, gather)
-        state.slot_valid = torch.gather(new_valid, 1, order)
-        state.past_len = state.past_len + torch.tensor([len(n) for n in kept_nodes])
+        state.slot_valid = torch.gather(valid, 1, order)
 
     def keep_rows(self, state: BatchState, keep: Sequence[int]) -> None:
         """Drop finished rows from the batch (positions in the current batch to keep)."""

@@ -22,6 +22,11 @@ class ProposerConfig:
     chain_max: int = 32  # acceptance rarely runs past a few dozen tokens
     trie_depth: int = 15
     trie_budget: int = 40  # draft nodes per trie; CPU forwards grow with width, so keep it small
+    # Tries shrink towards `trie_budget_min` while they keep failing (every node costs compute
+    # and wrong ones buy nothing): budget = min + (max - min) * recent share of trie steps
+    # that accepted a token, averaged with weight `trie_hit_weight` on the latest step.
+    trie_budget_min: int = 4
+    trie_hit_weight: float = 0.25
 
 
 class Proposer(Protocol):
@@ -147,6 +152,8 @@ class DraftProposer:
         self._tree: TokenTree | None = None
         self._sources: list[Source] = []
         self._stop: Source = None  # draft position of the last accepted draft token
+        self._trie_hit_rate = 1.0
+        self._was_trie = False
 
     def propose(self, context: Sequence[int]) -> TokenTree:
         root = context[-1]
@@ -155,6 +162,7 @@ class DraftProposer:
         window = min(self.window, len(context))
         full_matches = [item for item in scored if item[2] >= window]
         self._ambiguous = len(full_matches) > 1
+        self._was_trie = len(full_matches) != 1
         if len(full_matches) == 1:
             draft, position, _ = full_matches[0]
             chain = self.drafts[draft][position + 1 : position + 1 + self.config.chain_max]
@@ -170,12 +178,19 @@ class DraftProposer:
                 Continuation(self.drafts[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
                 Continuation(self.drafts[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
             ]
-        self._tree, self._sources = build_trie(root, continuations, self.config.trie_budget)
+        self._tree, self._sources = build_trie(root, continuations, self._trie_budget())
         return self._tree
+
+    def _trie_budget(self) -> int:
+        low, high = self.config.trie_budget_min, self.config.trie_budget
+        return low + round((high - low) * self._trie_hit_rate)
 
     def observe(self, accepted: Sequence[int]) -> None:
         """`accepted`: the draft tokens the target accepted this step (bonus excluded)."""
         self._stop = self._sources[_walk(self._tree, accepted)] if self._tree is not None else None
+        if self._was_trie and len(self._tree) > 1:
+            weight = self.config.trie_hit_weight
+            self._trie_hit_rate = (1 - weight) * self._trie_hit_rate + weight * (len(accepted) > 0)
         if self._ambiguous:
             self.window = min(self.window + len(accepted), self.config.window_max)
         else:

@@ -1,0 +1,15 @@
+"""Benchmark commands (leaves: nothing imports them)."""
+
+import typer
+
+from .decode import decode
+
+bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding.", no_args_is_help=True)
+
+
+@bench_app.callback()
+def bench() -> None:
+    """Benchmarks; every speed figure is measured against plain decoding in the same process."""
+
+
+bench_app.command("decode")(decode)
