@@ -44,8 +44,11 @@ def _image_only_processor_class(base: type) -> type:
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
             self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
             self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            self.vision_start_token = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
+            self.vision_end_token = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
+            for name in ("image_token", "video_token", "vision_start_token", "vision_end_token"):
+                setattr(self, f"{name}_id", tokenizer.convert_tokens_to_ids(getattr(self, name)))
+            # Skip the base __init__ (it wants a video processor) and go to ProcessorMixin's.
             super(base, self).__init__(image_processor, tokenizer, chat_template=chat_template)
 
     ImageOnlyProcessor.__name__ = ImageOnlyProcessor.__qualname__ = f"{base.__name__}ImageOnly"
@@ -138,7 +141,20 @@ class Qwen25VLAdapter(QwenVLAdapter):
     model_types = ("qwen2_5_vl",)
 
 
-ADAPTERS: dict[str, FamilyAdapter] = {t: a for a in (Qwen2VLAdapter(), Qwen25VLAdapter()) for t in a.model_types}
+class Qwen3VLAdapter(QwenVLAdapter):
+    """Qwen3-VL: interleaved MRoPE and deepstack vision features; the same position rule."""
+
+    model_types = ("qwen3_vl",)
+
+    def _processor_base(self) -> type:
+        from transformers import Qwen3VLProcessor
+
+        return Qwen3VLProcessor
+
+
+ADAPTERS: dict[str, FamilyAdapter] = {
+    t: a for a in (Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter()) for t in a.model_types
+}
 
 
 def adapter_for(model_type: str) -> FamilyAdapter:
@@ -367,7 +383,7 @@ QWEN_CHAT_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 _PROSE = (
@@ -459,6 +475,16 @@ def _tiny_config(family: str, tokenizer, seed: int):
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
         )
         return Qwen2VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "qwen3_vl":
+        from transformers import Qwen3VLConfig
+
+        text["head_dim"] = 16
+        vision = dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+            patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+            num_position_embeddings=64, deepstack_visual_indexes=[1],
+        )
+        return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
     raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
 
 
@@ -483,8 +509,12 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    # Few image tokens: a 56x56..112x112 image becomes 4..16 merged tokens.
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
+    # Few image tokens: every image becomes 4 to 16 merged tokens.
+    patch = config.vision_config.patch_size
+    merged = patch * config.vision_config.spatial_merge_size
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=patch, min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2
+    )
     image_processor.save_pretrained(out_dir)
     (out_dir / "chat_template.jinja").write_text(QWEN_CHAT_TEMPLATE)
     return out_dir
