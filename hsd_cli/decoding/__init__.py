@@ -11,7 +11,7 @@ from .hf_adapter import HFTarget, build_tiny_random, load_target
 from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, make_proposer
 from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
 from .stats import DecodeStats
-from .verify import SamplingConfig
+from .verify import SamplingConfig, inside_tex_math, math_guard
 
 __all__ = [
     "DecodeConfig",
@@ -28,5 +28,7 @@ __all__ = [
     "decode",
     "decode_batch",
     "load_target",
+    "inside_tex_math",
     "make_proposer",
+    "math_guard",
 ]

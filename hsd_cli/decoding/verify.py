@@ -138,3 +138,25 @@ def accept_path_near_lossless(
         path.append(chosen)
         prefix.append(tokens[chosen])
         node = chosen
+
+
+def inside_tex_math(text: str) -> bool:
+    """Does `text` end inside $...$, $$...$$, \\(...\\) or \\[...\\]? (For `inside_math`.)"""
+    inline = display = False
+    i = 0
+    while i < len(text):
+        if text.startswith("\\$", i):
+            i += 2
+            continue
+        if text.startswith("$$", i):
+            display, i = not display, i + 2
+            continue
+        if text[i] == "$" and not display:
+            inline = not inline
+        i += 1
+    return inline or display or text.rfind("\\(") > text.rfind("\\)") or text.rfind("\\[") > text.rfind("\\]")
+
+
+def math_guard(decode: Callable[[Sequence[int]], str]) -> Callable[[Sequence[int]], bool]:
+    """An `inside_math` predicate over token ids, for tokenizers that decode to TeX-in-Markdown."""
+    return lambda tokens: inside_tex_math(decode(tokens))

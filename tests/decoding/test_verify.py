@@ -92,3 +92,18 @@ def test_near_lossless_accepts_close_draft_tokens_only_outside_math():
     assert far.path == [0] and far.bonus == 1
     in_math = accept_path_near_lossless(tokens, parents, near_lossless_logits(0.8), [0], 0.75, lambda t: True)
     assert in_math.path == [0] and in_math.bonus == 1
+
+
+def test_inside_tex_math():
+    from hsd_cli.decoding.verify import inside_tex_math, math_guard
+
+    assert inside_tex_math("costs $x^2")
+    assert not inside_tex_math("costs $x^2$ and")
+    assert inside_tex_math("see $$\\frac{a}{b}")
+    assert not inside_tex_math("see $$a$$ then")
+    assert not inside_tex_math("price \\$5 only")
+    assert inside_tex_math("where \\(a + b")
+    assert not inside_tex_math("where \\(a\\) holds")
+    assert inside_tex_math("\\[ x")
+    guard = math_guard(lambda tokens: "".join(chr(t) for t in tokens))
+    assert guard([ord(c) for c in "a $b"]) and not guard([ord(c) for c in "a $b$"])
