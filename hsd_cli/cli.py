@@ -1,17 +1,24 @@
-"""Command line: parses options into frozen config and hands over; holds no conversion logic."""
+"""Command line: parses options into frozen config and hands over; holds no conversion logic.
+
+Every option of `convert` has an HSD_<NAME> environment variable and a key in the `[convert]`
+table of a TOML config file; see hsd_cli/settings.py for the precedence.
+"""
 
 from __future__ import annotations
 
-import json
+import json as json_lib
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from hsd_cli import __version__
-from hsd_cli.config import ConvertConfig, DraftBackendName, ImageMode, Stages, UsageError
+from hsd_cli.bench import bench_app
+from hsd_cli.config import ConvertConfig, DraftBackendName, ImageMode, RunConfig, Stages, UsageError
+from hsd_cli.settings import describe_sources, load_config_callback
 
 app = typer.Typer(
     name="hsd",
@@ -20,6 +27,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+config_app = typer.Typer(help="Inspect hsd's configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(bench_app, name="bench")
 
 
 def _version(value: bool) -> None:
@@ -37,40 +47,106 @@ def main(
     """hsd: hierarchical speculative decoding for document parsing."""
 
 
+def _env(name: str) -> str:
+    return f"HSD_{name.upper()}"
+
+
 @app.command()
 def convert(
-    inputs: Annotated[list[str], typer.Argument(help="PDF or image files, directories or glob patterns.")],
-    output_dir: Annotated[Path, typer.Option("--output", "-o", help="Output directory (mirrors the input tree).")],
-    recursive: Annotated[
-        bool, typer.Option("--recursive/--no-recursive", help="Descend into subdirectories of directory inputs.")
-    ] = True,
-    pages: Annotated[str | None, typer.Option(help="Pages to convert, 1-based, e.g. 1-3,7 or 5-.")] = None,
-    dpi: Annotated[int, typer.Option(help="Rendering resolution for page images and OCR.")] = 150,
-    max_pixels: Annotated[int, typer.Option(help="Cap on pixels per rendered page (dpi is lowered to fit).")] = 4_194_304,
-    draft: Annotated[DraftBackendName, typer.Option(help="Draft backend; auto = text layer, else OCR, per page.")] = (
-        DraftBackendName.AUTO
-    ),
-    draft_json: Annotated[
-        Path | None, typer.Option(help="With --draft paddleocr: read PP-StructureV3 result JSON from this directory.")
+    inputs: Annotated[
+        list[str] | None, typer.Argument(help="PDF or image files, directories or glob patterns.", show_default=False)
     ] = None,
-    images: Annotated[ImageMode, typer.Option(help="Figures: saved beside the Markdown and referenced, or left out.")] = (
-        ImageMode.REF
-    ),
-    page_markers: Annotated[bool, typer.Option(help="Insert <!-- page N --> before each page.")] = False,
-    password: Annotated[str | None, typer.Option(help="Password for encrypted PDFs.")] = None,
-    stages: Annotated[Stages, typer.Option(help="How much of the hierarchy runs.")] = Stages.AUTO,
-    model: Annotated[str | None, typer.Option(help="VLM id or local directory; without it only the draft runs.")] = None,
-    json_summary: Annotated[bool, typer.Option("--json", help="Print one JSON summary object on stdout.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and warnings on stderr.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", "-v", help="Tracebacks for failed documents.")] = False,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", envvar=_env("output"), help="Output directory (mirrors the input tree).")
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            is_eager=True, callback=load_config_callback, help="TOML config file ([convert] table; below env and flags)."
+        ),
+    ] = None,
+    files_from: Annotated[
+        str | None, typer.Option(envvar=_env("files_from"), help="Read input paths from FILE, or stdin with '-'.")
+    ] = None,
+    null: Annotated[
+        bool, typer.Option("--null", "-0", envvar=_env("null"), help="--files-from entries are NUL-separated.")
+    ] = False,
+    recursive: Annotated[
+        bool,
+        typer.Option("--recursive/--no-recursive", envvar=_env("recursive"), help="Descend into subdirectories."),
+    ] = True,
+    pages: Annotated[str | None, typer.Option(envvar=_env("pages"), help="Pages, 1-based, e.g. 1-3,7 or 5-.")] = None,
+    dpi: Annotated[int, typer.Option(envvar=_env("dpi"), help="Rendering resolution for page images and OCR.")] = 150,
+    max_pixels: Annotated[
+        int, typer.Option(envvar=_env("max_pixels"), help="Cap on pixels per rendered page (dpi is lowered to fit).")
+    ] = 4_194_304,
+    draft: Annotated[
+        DraftBackendName,
+        typer.Option(envvar=_env("draft"), help="Draft backend; auto = text layer, else OCR, per page."),
+    ] = DraftBackendName.AUTO,
+    draft_json: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("draft_json"), help="With --draft paddleocr: read PP-StructureV3 result JSON here."),
+    ] = None,
+    images: Annotated[
+        ImageMode, typer.Option(envvar=_env("images"), help="Figures: saved and referenced, or left out.")
+    ] = ImageMode.REF,
+    page_markers: Annotated[
+        bool, typer.Option(envvar=_env("page_markers"), help="Insert <!-- page N --> before each page.")
+    ] = False,
+    password: Annotated[str | None, typer.Option(envvar=_env("password"), help="Password for encrypted PDFs.")] = None,
+    stages: Annotated[Stages, typer.Option(envvar=_env("stages"), help="How much of the hierarchy runs.")] = Stages.AUTO,
+    model: Annotated[
+        str | None, typer.Option(envvar=_env("model"), help="VLM id or local directory; without it only the draft runs.")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(envvar=_env("overwrite"), help="Convert again even what the manifest says is done.")
+    ] = False,
+    retry_failed: Annotated[
+        bool, typer.Option(envvar=_env("retry_failed"), help="Convert again documents that failed before.")
+    ] = False,
+    shard: Annotated[
+        str | None, typer.Option(envvar=_env("shard"), help="Take shard I of N of the inputs, e.g. 2/4.")
+    ] = None,
+    page_timeout: Annotated[
+        float, typer.Option(envvar=_env("page_timeout"), help="Seconds a page may take (0 = no limit).")
+    ] = 600.0,
+    doc_timeout: Annotated[
+        float, typer.Option(envvar=_env("doc_timeout"), help="Seconds a document may take (0 = no limit).")
+    ] = 0.0,
+    max_page_error_rate: Annotated[
+        float, typer.Option(envvar=_env("max_page_error_rate"), help="Share of failed pages above which a document fails.")
+    ] = 0.2,
+    max_docs_per_worker: Annotated[
+        int, typer.Option(envvar=_env("max_docs_per_worker"), help="Replace the worker process after this many documents.")
+    ] = 50,
+    events: Annotated[
+        str | None, typer.Option(envvar=_env("events"), help="Write NDJSON progress events to FILE, or stdout with '-'.")
+    ] = None,
+    json: Annotated[
+        bool, typer.Option("--json", envvar=_env("json"), help="Print one JSON summary object on stdout.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", envvar=_env("quiet"), help="Only errors and warnings.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", "-v", envvar=_env("debug"), help="Tracebacks for failed documents.")
+    ] = False,
 ) -> None:
     """Convert documents to Markdown and JSON."""
-    from hsd_cli.runner import ExitCode, Reporter, run_convert
+    from hsd_cli.output.manifest import OutputLockedError
+    from hsd_cli.runner import EventLog, ExitCode, Reporter, read_files_from, run_convert
 
     console = Console(stderr=True)
+    reporter = Reporter(console=console, quiet=quiet, debug=debug)
+
+    def usage(message: str, hint: str | None = None) -> typer.Exit:
+        reporter.error(message, hint)
+        return typer.Exit(ExitCode.USAGE)
+
     try:
-        config = ConvertConfig(
-            output_dir=output_dir,
+        if output is None:
+            raise usage("no output directory", "give -o OUT (or HSD_OUTPUT, or output in a config file)")
+        convert_config = ConvertConfig(
+            output_dir=output,
             recursive=recursive,
             pages=pages,
             dpi=dpi,
@@ -83,31 +159,89 @@ def convert(
             stages=stages,
             model=model,
         )
+        run_config = RunConfig(
+            overwrite=overwrite,
+            retry_failed=retry_failed,
+            shard=shard,
+            page_timeout=page_timeout,
+            doc_timeout=doc_timeout,
+            max_page_error_rate=max_page_error_rate,
+            max_docs_per_worker=max_docs_per_worker,
+        )
     except UsageError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(ExitCode.USAGE) from None
-    if config.draft_json_dir is not None and config.draft_backend is not DraftBackendName.PADDLEOCR:
-        console.print("[red]error:[/red] --draft-json needs --draft paddleocr", highlight=False)
-        raise typer.Exit(ExitCode.USAGE)
-    if config.model is not None:
-        console.print(
-            "[red]error:[/red] the VLM stages are not available in this build yet; "
-            "run without --model for the draft pipeline",
-            highlight=False,
+        raise usage(str(exc)) from None
+    if draft_json is not None and draft is not DraftBackendName.PADDLEOCR:
+        raise usage("--draft-json needs --draft paddleocr")
+    if events == "-" and json:
+        raise usage("--events - and --json both want stdout", "write events to a file: --events run.ndjson")
+    all_inputs = list(inputs or [])
+    if files_from is not None:
+        try:
+            all_inputs += read_files_from(files_from, null)
+        except OSError as exc:
+            raise usage(f"cannot read --files-from {files_from}: {exc.strerror}") from None
+    if not all_inputs:
+        raise usage("no inputs", "give files, directories or globs, or --files-from FILE")
+    if model is not None:
+        reporter.error(
+            "the VLM stages are not available in this build yet",
+            "run without --model to convert with the draft pipeline",
         )
         raise typer.Exit(ExitCode.ENVIRONMENT)
 
-    reporter = Reporter(console=console, quiet=quiet, debug=debug)
     try:
-        code, summary = run_convert(inputs, config, reporter)
+        event_stream = sys.stdout if events == "-" else open(events, "a", encoding="utf-8") if events else None
+    except OSError as exc:
+        raise usage(f"cannot write --events {events}: {exc.strerror}") from None
+    try:
+        code, summary = run_convert(all_inputs, convert_config, run_config, reporter, EventLog(event_stream))
+    except OutputLockedError as exc:
+        reporter.error(str(exc), "wait for it to finish, or use another -o")
+        raise typer.Exit(ExitCode.ENVIRONMENT) from None
     except KeyboardInterrupt:
-        console.print("[red]interrupted[/red]: finished documents are written", highlight=False)
+        reporter.error("interrupted: documents finished so far are written and recorded in the manifest")
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+    finally:
+        if event_stream not in (None, sys.stdout):
+            event_stream.close()
     if code is ExitCode.NO_INPUT:
-        console.print("[red]error:[/red] no input matched (give PDF/image files, directories or globs)")
-    if json_summary:
-        sys.stdout.write(json.dumps(summary, ensure_ascii=False) + "\n")
+        reporter.error("no input matched", "give PDF/image files, directories or globs")
+    if json:
+        sys.stdout.write(json_lib.dumps(summary, ensure_ascii=False) + "\n")
     raise typer.Exit(code)
+
+
+@config_app.command(
+    "show", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
+def config_show(ctx: typer.Context) -> None:
+    """Print the effective value of every convert option and where it came from.
+
+    Takes the same options as `hsd convert` (e.g. `hsd config show --config my.toml --dpi 200`).
+    """
+    command = typer.main.get_command(app).commands["convert"]
+    try:
+        with command.make_context("convert", list(ctx.args)) as convert_ctx:
+            rows = describe_sources(convert_ctx)
+    except Exception as exc:
+        if not hasattr(exc, "format_message"):  # typer's (vendored click's) usage errors have it
+            raise
+        Console(stderr=True).print(f"[red]error:[/red] {exc.format_message()}", highlight=False)
+        raise typer.Exit(2) from None
+    console = Console()
+    if not console.is_terminal:
+        # Plain `key = value  # source` lines: greppable, and valid as a [convert] config table.
+        for name, value, where in rows:
+            key = name.replace("_", "-")
+            line = f"# {key} is unset" if value is None else f"{key} = {json_lib.dumps(str(value) if isinstance(value, Path) else value)}"
+            sys.stdout.write(f"{line}  # {where}\n")
+        return
+    table = Table(title="hsd convert: effective options", title_justify="left")
+    for column in ("option", "value", "from"):
+        table.add_column(column)
+    for name, value, where in rows:
+        table.add_row(name.replace("_", "-"), str(value), where)
+    console.print(table)
 
 
 if __name__ == "__main__":

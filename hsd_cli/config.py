@@ -83,3 +83,37 @@ def select_pages(spec: str | None, page_count: int) -> list[int]:
         last = page_count if end is None else min(end, page_count)
         chosen.update(range(start - 1, last))
     return sorted(chosen)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a batch runs: resume, isolation and limits. None of it changes output bytes."""
+
+    overwrite: bool = False
+    retry_failed: bool = False
+    shard: str | None = None
+    page_timeout: float = 600.0
+    doc_timeout: float = 0.0
+    max_page_error_rate: float = 0.2
+    max_docs_per_worker: int = 50
+
+    def __post_init__(self) -> None:
+        if self.shard is not None:
+            parse_shard(self.shard)
+        if self.page_timeout < 0 or self.doc_timeout < 0:
+            raise UsageError("timeouts must be >= 0 seconds (0 = no limit)")
+        if not 0.0 <= self.max_page_error_rate <= 1.0:
+            raise UsageError(f"--max-page-error-rate must be within 0..1, got {self.max_page_error_rate}")
+        if self.max_docs_per_worker < 1:
+            raise UsageError("--max-docs-per-worker must be at least 1")
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """'2/4' -> (2, 4): this job takes the second of four shards."""
+    try:
+        index, count = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise UsageError(f"bad --shard {spec!r} (use I/N, e.g. 1/4)") from None
+    if not 1 <= index <= count:
+        raise UsageError(f"bad --shard {spec!r}: I must be within 1..N")
+    return index, count

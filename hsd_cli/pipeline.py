@@ -1,29 +1,56 @@
-"""The one place that orders the stages for a document: render -> draft -> (VLM stages) -> files."""
+"""The one place that orders the stages for a document: render -> draft -> (VLM stages) -> files.
+
+Runs inside a worker process. Each finished page is checkpointed, so a document whose worker was
+killed (timeout, crash, SIGKILL of the whole run) resumes at the page where it stopped.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
+import pickle
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pymupdf
 
 from hsd_cli.config import ConvertConfig, ImageMode, select_pages
 from hsd_cli.inputs import InputDocument, OutputPaths
 from hsd_cli.output.files import write_atomic
-from hsd_cli.output.json_doc import document_json
+from hsd_cli.output.json_doc import SCHEMA_VERSION, document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageImage, PageResult
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
 from hsd_cli.stages.rasterize import DocumentError, open_document, render_page
 
+PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
+
+# (event name, payload) -> None; how the worker tells the parent about progress.
+EventSink = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class DocumentTask:
+    """Everything a worker needs for one document (picklable)."""
+
+    doc: InputDocument
+    outputs: OutputPaths
+    config: ConvertConfig
+    sha256: str
+    checkpoint_dir: Path
+    max_page_error_rate: float = 0.2
+    lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
+
 
 @dataclass(frozen=True)
 class DocumentOutcome:
-    """What happened to one input: the row of the run summary."""
+    """What happened to one input: a row of the run summary and of the manifest."""
 
     input: str
     status: DocStatus
@@ -31,10 +58,13 @@ class DocumentOutcome:
     outputs: dict[str, str] = field(default_factory=dict)
     pages: int = 0
     page_count: int = 0
+    failed_pages: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
     sha256: str | None = None
     draft_backends: dict[str, int] = field(default_factory=dict)
+    page_timings: dict[int, dict[str, float]] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    note: str | None = None  # e.g. why a document was skipped
     traceback: str | None = None  # shown only with --debug
 
 
@@ -56,6 +86,12 @@ def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[st
     return tuple(crops)
 
 
+def _stall_for_tests(doc: InputDocument, page_no: int) -> None:
+    """Test hook: HSD_TEST_STALL=<file name>:<page> makes that page hang, as a looping decode would."""
+    if os.environ.get("HSD_TEST_STALL") == f"{doc.path.name}:{page_no}":
+        time.sleep(3600)
+
+
 def convert_page(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> PageResult:
     started = time.perf_counter()
     image = render_page(page, config.dpi, config.max_pixels)
@@ -73,61 +109,126 @@ def convert_page(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfi
     )
 
 
+def failed_page(page: pymupdf.Page, reason: str) -> PageResult:
+    """A page with no content, flagged with why, so the document can still be written."""
+    return PageResult(
+        page_no=page.number + 1,
+        size_pt=(page.rect.width, page.rect.height),
+        blocks=(),
+        backend="none",
+        flags=("failed", reason),
+    )
+
+
+def _checkpoint_path(task: DocumentTask, page_no: int) -> Path:
+    return task.checkpoint_dir / f"page-{page_no:05d}.pickle"
+
+
+def _load_checkpoint(path: Path) -> PageResult | None:
+    try:
+        with path.open("rb") as handle:
+            return pickle.load(handle)
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return None
+
+
+def _page_with_retries(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> tuple[PageResult, str | None]:
+    error = None
+    for _ in range(PAGE_ATTEMPTS):
+        try:
+            return convert_page(page, backend, config), None
+        except Exception as exc:  # noqa: BLE001 - a bad page must not sink its document
+            error = f"{type(exc).__name__}: {exc}"
+    return failed_page(page, "error"), error
+
+
 def _metadata(pdf: pymupdf.Document) -> dict[str, str]:
     keys = ("title", "author", "subject", "creator", "producer", "format")
     return {key: pdf.metadata.get(key) or "" for key in keys} if pdf.metadata else {}
 
 
-def convert_document(doc: InputDocument, config: ConvertConfig) -> DocumentResult:
-    """Convert one document's selected pages; raises DocumentError for unusable inputs."""
-    pdf = open_document(doc.path, doc.kind, config.password)
+def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResult, dict[int, str]]:
+    """Convert the selected pages, resuming from checkpoints; returns the result and failed pages."""
+    config = task.config
+    pdf = open_document(task.doc.path, task.doc.kind, config.password)
     with pdf:
         indices = select_pages(config.pages, pdf.page_count)
         if not indices:
             raise DocumentError(
                 DocStatus.SKIPPED, f"no page of --pages {config.pages} in this document ({pdf.page_count} pages)"
             )
-        backend = make_draft_backend(config, doc.path.stem)
-        warnings = ("the PDF was damaged and has been repaired",) if pdf.is_repaired else ()
-        # Pages stream: each is rendered, drafted and reduced to its result before the next.
-        pages = tuple(convert_page(pdf[index], backend, config) for index in indices)
-        return DocumentResult(pages=pages, page_count=pdf.page_count, metadata=_metadata(pdf), warnings=warnings)
+        backend = make_draft_backend(config, task.doc.path.stem)
+        warnings = ["the PDF was damaged and has been repaired"] if pdf.is_repaired else []
+        task.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        pages: list[PageResult] = []
+        failures: dict[int, str] = {}
+        for index in indices:
+            page_no = index + 1
+            checkpoint = _checkpoint_path(task, page_no)
+            result = _load_checkpoint(checkpoint) if checkpoint.exists() else None
+            if result is None and page_no in task.lost_pages:
+                result = failed_page(pdf[index], task.lost_pages[page_no])
+            if result is None:
+                emit("page_started", {"page": page_no})
+                _stall_for_tests(task.doc, page_no)
+                result, error = _page_with_retries(pdf[index], backend, config)
+                if error:
+                    warnings.append(f"page {page_no}: {error}")
+                write_atomic(checkpoint, pickle.dumps(result))
+                emit("page_done", {"page": page_no, "flags": list(result.flags)})
+            if "failed" in result.flags:
+                failures[page_no] = result.flags[-1]
+            pages.append(result)
+        result = DocumentResult(
+            pages=tuple(pages), page_count=pdf.page_count, metadata=_metadata(pdf), warnings=tuple(warnings)
+        )
+        return result, failures
 
 
 def output_config(config: ConvertConfig) -> dict[str, object]:
-    """The options that change output bytes (recorded in the JSON)."""
+    """The options that change output bytes (recorded in the JSON, hashed for resume)."""
     wanted = ("pages", "dpi", "max_pixels", "draft_backend", "images", "page_markers", "stages", "model")
+
     def plain(value: object) -> object:
         return value if value is None or isinstance(value, (bool, int, float)) else str(value)
 
     return {key: plain(value) for key, value in asdict(config).items() if key in wanted}
 
 
-def write_document(
-    result: DocumentResult, doc: InputDocument, outputs: OutputPaths, config: ConvertConfig, sha256: str
-) -> dict[str, str]:
+def config_hash(config: ConvertConfig) -> str:
+    canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config)}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=False)
+    return buffer.getvalue()
+
+
+def write_document(result: DocumentResult, task: DocumentTask) -> dict[str, str]:
     """Figures, then Markdown, then JSON (last: a present JSON means the set is complete)."""
+    outputs = task.outputs
     figure_files = {}
     for page in result.pages:
         for block_id, crop in page.figures:
             path = outputs.images_dir / f"{block_id}.png"
-            buffer = _png_bytes(crop)
-            write_atomic(path, buffer)
+            write_atomic(path, _png_bytes(crop))
             figure_files[block_id] = f"{outputs.images_dir.name}/{path.name}"
 
     def image_ref(block: Block) -> str | None:
         return figure_files.get(block.id)
 
-    markdown = document_markdown(result, image_ref, config.page_markers)
+    markdown = document_markdown(result, image_ref, task.config.page_markers)
     source = {
-        "path": str(doc.path),
-        "name": doc.path.name,
-        "kind": doc.kind,
-        "sha256": sha256,
-        "size_bytes": doc.path.stat().st_size,
+        "path": str(task.doc.path),
+        "name": task.doc.path.name,
+        "kind": task.doc.kind,
+        "sha256": task.sha256,
+        "size_bytes": task.doc.path.stat().st_size,
     }
     document = document_json(
-        result, source, output_config(config), lambda page: page_markdown(page, image_ref), image_ref
+        result, source, output_config(task.config), lambda page: page_markdown(page, image_ref), image_ref
     )
     write_atomic(outputs.markdown, markdown.encode("utf-8"))
     write_atomic(outputs.json, document.encode("utf-8"))
@@ -137,42 +238,62 @@ def write_document(
     return written
 
 
-def _png_bytes(image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", optimize=False)
-    return buffer.getvalue()
+def _document_status(failures: dict[int, str], pages: int, max_rate: float) -> DocStatus:
+    if not failures:
+        return DocStatus.OK
+    if len(failures) / pages <= max_rate:
+        return DocStatus.DEGRADED
+    return DocStatus.TIMEOUT if set(failures.values()) == {"timeout"} else DocStatus.FAILED
 
 
-def process_document(doc: InputDocument, outputs: OutputPaths, config: ConvertConfig) -> DocumentOutcome:
+def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
     """Convert and write one document; every failure becomes a status, never an exception."""
     started = time.perf_counter()
+    name = str(task.doc.path)
     try:
-        sha256 = file_sha256(doc.path)
-        result = convert_document(doc, config)
-        written = write_document(result, doc, outputs, config, sha256)
+        result, failures = convert_document(task, emit)
+        status = _document_status(failures, len(result.pages), task.max_page_error_rate)
+        if status.is_failure:
+            return DocumentOutcome(
+                input=name,
+                status=status,
+                error=f"{len(failures)} of {len(result.pages)} pages failed "
+                f"(above --max-page-error-rate {task.max_page_error_rate:g}): "
+                + ", ".join(f"page {n} {why}" for n, why in sorted(failures.items())),
+                pages=len(result.pages),
+                page_count=result.page_count,
+                failed_pages=failures,
+                seconds=time.perf_counter() - started,
+                sha256=task.sha256,
+            )
+        written = write_document(result, task)
     except DocumentError as exc:
         return DocumentOutcome(
-            input=str(doc.path), status=exc.status, error=str(exc), seconds=time.perf_counter() - started
+            input=name, status=exc.status, error=str(exc), seconds=time.perf_counter() - started, sha256=task.sha256
         )
     except Exception as exc:  # noqa: BLE001 - one bad document must never end the batch
         return DocumentOutcome(
-            input=str(doc.path),
+            input=name,
             status=DocStatus.FAILED,
             error=f"{type(exc).__name__}: {exc}",
             seconds=time.perf_counter() - started,
+            sha256=task.sha256,
             traceback=traceback.format_exc(),
         )
     backends: dict[str, int] = {}
     for page in result.pages:
         backends[page.backend] = backends.get(page.backend, 0) + 1
     return DocumentOutcome(
-        input=str(doc.path),
-        status=DocStatus.OK,
+        input=name,
+        status=status,
+        error=None,
         outputs=written,
         pages=len(result.pages),
         page_count=result.page_count,
+        failed_pages=failures,
         seconds=time.perf_counter() - started,
-        sha256=sha256,
+        sha256=task.sha256,
         draft_backends=backends,
+        page_timings={page.page_no: page.timings for page in result.pages},
         warnings=result.warnings,
     )

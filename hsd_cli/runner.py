@@ -1,21 +1,30 @@
-"""A conversion run over many documents: discovery, per-document isolation, reporting, exit code."""
+"""A conversion run over many documents: discovery, resume, isolation, reporting, exit code."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
+import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import IntEnum
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from hsd_cli import __version__
-from hsd_cli.config import ConvertConfig
-from hsd_cli.inputs import assign_outputs, discover
-from hsd_cli.pipeline import DocumentOutcome, process_document
+from hsd_cli.config import ConvertConfig, RunConfig, parse_shard
+from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
+from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
+from hsd_cli.pipeline import DocumentOutcome, DocumentTask, config_hash, file_sha256
 from hsd_cli.records import DocStatus
+from hsd_cli.worker import Limits, WorkerPool
 
 
 class ExitCode(IntEnum):
@@ -34,18 +43,60 @@ _STATUS_STYLE = {
 }
 
 
+class EventLog:
+    """NDJSON events (run/doc/page started, done, failed) for --events FILE|-."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self.stream = stream
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.stream is None:
+            return
+        record = {"event": event, "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **fields}
+        self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.stream.flush()
+
+
 @dataclass
 class Reporter:
-    """Everything human goes to stderr; `quiet` keeps only errors, `debug` adds tracebacks."""
+    """Everything human goes to stderr: a progress bar on a TTY, else one line per document."""
 
     console: Console
     quiet: bool = False
     debug: bool = False
+    progress: Progress | None = field(default=None, init=False)
 
     def warn(self, message: str) -> None:
         self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
 
+    def error(self, message: str, hint: str | None = None) -> None:
+        self.console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        if hint:
+            self.console.print(f"  hint: {hint}", highlight=False, soft_wrap=True)
+
+    def start(self, total: int) -> None:
+        if self.console.is_terminal and not self.quiet:
+            self.progress = Progress(
+                TextColumn("[bold]converting"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=True,
+            )
+            self.progress.start()
+            self.progress.add_task("", total=total)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
     def document(self, outcome: DocumentOutcome) -> None:
+        if self.progress is not None:
+            self.progress.advance(0)
+            self.progress.update(0, description=Path(outcome.input).name)
         style = _STATUS_STYLE.get(outcome.status, "red")
         label = f"[{style}]{outcome.status.value:<9}[/{style}]"
         if outcome.error:
@@ -54,11 +105,8 @@ class Reporter:
                 self.console.print(outcome.traceback, highlight=False, markup=False)
         elif not self.quiet:
             backends = ", ".join(f"{name} x{count}" for name, count in sorted(outcome.draft_backends.items()))
-            self.console.print(
-                f"{label} {outcome.input} ({outcome.pages} pages, {outcome.seconds:.1f}s, draft: {backends})",
-                highlight=False,
-                soft_wrap=True,
-            )
+            detail = f"{outcome.pages} pages, {outcome.seconds:.1f}s, draft: {backends}" if outcome.pages else outcome.note
+            self.console.print(f"{label} {outcome.input} ({detail})", highlight=False, soft_wrap=True)
         for warning in outcome.warnings:
             self.warn(f"{outcome.input}: {warning}")
 
@@ -79,23 +127,144 @@ class Reporter:
         self.console.print(table)
 
 
-def run_convert(inputs: list[str], config: ConvertConfig, reporter: Reporter) -> tuple[ExitCode, dict[str, Any]]:
+def read_files_from(source: str, null_separated: bool) -> list[str]:
+    """Paths listed in a file or on stdin ('-'), one per line or NUL-separated."""
+    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    items = text.split("\0") if null_separated else text.splitlines()
+    return [item for item in items if item.strip()]
+
+
+def in_shard(relpath: Path, shard: str | None) -> bool:
+    """Stable across machines and input sets: the shard depends on the document's own path only."""
+    if shard is None:
+        return True
+    index, count = parse_shard(shard)
+    digest = hashlib.sha256(str(relpath).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count == index - 1
+
+
+def _manifest_record(
+    key: str, doc: InputDocument, outcome: DocumentOutcome, config: ConvertConfig, chash: str
+) -> dict[str, Any]:
+    return {
+        "key": key,
+        "input": str(doc.path),
+        "size": doc.path.stat().st_size if doc.path.exists() else None,
+        "sha256": outcome.sha256,
+        "pages": outcome.pages,
+        "page_count": outcome.page_count,
+        "config_hash": chash,
+        "model": config.model,
+        "model_revision": None,
+        "hsd_version": __version__,
+        "status": outcome.status.value,
+        "error": outcome.error,
+        "failed_pages": {str(n): why for n, why in outcome.failed_pages.items()},
+        "outputs": outcome.outputs,
+        "timings": {
+            "seconds": round(outcome.seconds, 3),
+            "pages": {str(n): {k: round(v, 4) for k, v in t.items()} for n, t in outcome.page_timings.items()},
+        },
+        "stats": {"draft_backends": outcome.draft_backends},
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class BatchRun:
+    """One `hsd convert` invocation over its documents, holding the output lock throughout."""
+
+    def __init__(self, config: ConvertConfig, run: RunConfig, reporter: Reporter, events: EventLog) -> None:
+        self.config = config
+        self.run = run
+        self.reporter = reporter
+        self.events = events
+        self.config_hash = config_hash(config)
+        self.pool = WorkerPool(
+            Limits(run.page_timeout, run.doc_timeout, run.max_docs_per_worker),
+        )
+
+    def convert_one(self, doc: InputDocument, outputs: OutputPaths, manifest: Manifest) -> DocumentOutcome:
+        key = str(outputs.markdown.relative_to(self.config.output_dir).with_suffix(""))
+        try:
+            sha256 = file_sha256(doc.path)
+        except OSError as exc:
+            return DocumentOutcome(input=str(doc.path), status=DocStatus.FAILED, error=f"cannot read: {exc.strerror}")
+        decision = manifest.decide(
+            key, sha256, self.config_hash, self.config.model, self.run.overwrite, self.run.retry_failed
+        )
+        if not decision.run:
+            return DocumentOutcome(
+                input=str(doc.path), status=decision.status, error=decision.error, sha256=sha256, note=decision.reason
+            )
+        checkpoints = self.config.output_dir / STATE_DIR / "pages" / f"{sha256[:16]}-{self.config_hash}"
+        task = DocumentTask(
+            doc=doc,
+            outputs=outputs,
+            config=self.config,
+            sha256=sha256,
+            checkpoint_dir=checkpoints,
+            max_page_error_rate=self.run.max_page_error_rate,
+        )
+        self.events.emit("doc_started", input=str(doc.path))
+        outcome = self.pool.convert(
+            task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload)
+        )
+        manifest.append(_manifest_record(key, doc, outcome, self.config, self.config_hash))
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        self.events.emit(
+            "doc_failed" if outcome.status.is_failure else "doc_done",
+            input=str(doc.path),
+            status=outcome.status.value,
+            error=outcome.error,
+            pages=outcome.pages,
+        )
+        return outcome
+
+    def execute(self, planned: list[tuple[InputDocument, OutputPaths]]) -> list[DocumentOutcome]:
+        outcomes: list[DocumentOutcome] = []
+        with OutputLock(self.config.output_dir):
+            remove_stale_temp_files(self.config.output_dir)
+            manifest = Manifest(self.config.output_dir)
+            self.reporter.start(len(planned))
+            try:
+                for doc, outputs in planned:
+                    outcome = self.convert_one(doc, outputs, manifest)
+                    self.reporter.document(outcome)
+                    outcomes.append(outcome)
+            except BaseException:
+                self.pool.abort()
+                raise
+            finally:
+                self.reporter.stop()
+                self.pool.close()
+        return outcomes
+
+
+def run_convert(
+    inputs: list[str], config: ConvertConfig, run: RunConfig, reporter: Reporter, events: EventLog | None = None
+) -> tuple[ExitCode, dict[str, Any]]:
+    """Convert everything `inputs` names; the OutputLockedError of a busy OUT propagates."""
     started = time.perf_counter()
+    events = events or EventLog(None)
     documents, unmatched = discover(inputs, config.recursive)
     for arg in unmatched:
         reporter.warn(f"no document matched {arg!r}")
     if not documents:
         return ExitCode.NO_INPUT, _summary([], started, ExitCode.NO_INPUT, config)
+    # Output names come from the whole input set, so every shard names a document alike.
+    planned = [
+        (doc, outputs)
+        for doc, outputs in zip(documents, assign_outputs(documents, config.output_dir), strict=True)
+        if in_shard(doc.relpath, run.shard)
+    ]
     if config.model is None and not reporter.quiet:
         reporter.warn("no VLM configured: converting with the draft pipeline only (name one with --model ID|DIR)")
-    outcomes: list[DocumentOutcome] = []
-    for doc, outputs in zip(documents, assign_outputs(documents, config.output_dir), strict=True):
-        outcome = process_document(doc, outputs, config)
-        reporter.document(outcome)
-        outcomes.append(outcome)
+    events.emit("run_started", documents=len(planned), output_dir=str(config.output_dir))
+    outcomes = BatchRun(config, run, reporter, events).execute(planned)
     failed = any(outcome.status.is_failure for outcome in outcomes)
     code = ExitCode.SOME_FAILED if failed else ExitCode.OK
     summary = _summary(outcomes, started, code, config)
+    events.emit("run_done", exit_code=int(code), counts=summary["counts"])
     reporter.summary(summary)
     return code, summary
 
@@ -104,7 +273,7 @@ def _summary(
     outcomes: list[DocumentOutcome], started: float, code: ExitCode, config: ConvertConfig
 ) -> dict[str, Any]:
     seconds = time.perf_counter() - started
-    pages = sum(outcome.pages for outcome in outcomes)
+    pages = sum(outcome.pages for outcome in outcomes if not outcome.status.is_failure)
     counts = Counter(outcome.status.value for outcome in outcomes)
     return {
         "hsd_version": __version__,
@@ -122,11 +291,13 @@ def _summary(
                 "error": outcome.error,
                 "pages": outcome.pages,
                 "page_count": outcome.page_count,
+                "failed_pages": {str(n): why for n, why in outcome.failed_pages.items()},
                 "seconds": round(outcome.seconds, 3),
                 "sha256": outcome.sha256,
                 "draft_backends": outcome.draft_backends,
                 "outputs": outcome.outputs,
                 "warnings": list(outcome.warnings),
+                "note": outcome.note,
             }
             for outcome in outcomes
         ],

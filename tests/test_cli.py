@@ -58,7 +58,7 @@ def test_password_opens_encrypted_pdfs(bad_batch, tmp_path):
     result = run_hsd("convert", bad_batch / "locked.pdf", "-o", tmp_path, "--password", "s3cret", "--json")
     assert result.exit_code == 0
     assert _by_name(json.loads(result.stdout))["locked.pdf"]["status"] == "ok"
-    wrong = run_hsd("convert", bad_batch / "locked.pdf", "-o", tmp_path, "--password", "nope")
+    wrong = run_hsd("convert", bad_batch / "locked.pdf", "-o", tmp_path / "other", "--password", "nope")
     assert wrong.exit_code == 1 and "password is wrong" in wrong.stderr
 
 
@@ -85,7 +85,7 @@ def test_outputs_mirror_tree_with_page_markers_and_json_schema(converted):
     assert (document["schema"], document["schema_version"]) == ("hsd.document", 1)
     assert len(document["source"]["sha256"]) == 64 and document["page_count"] == 2
     assert [p["page"] for p in document["pages"]] == [1, 2]
-    assert set(document["pages"][0]["timings"]) == {"render_s", "draft_s"}
+    assert "timings" not in document["pages"][0]  # wall-clock times live in the manifest
     assert document["pages"][1]["markdown"] in markdown
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
 
@@ -125,10 +125,11 @@ def test_images_are_one_page_documents_and_figures_are_saved(tmp_path, docs_dir)
     assert not (tmp_path / "n" / "figure_images").exists()
 
 
-def test_markdown_is_identical_across_runs(docs_dir, tmp_path):
+def test_outputs_are_byte_identical_across_runs(docs_dir, tmp_path):
     for run in ("a", "b"):
-        assert run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / run, "-q").exit_code == 0
-    assert (tmp_path / "a" / "report.md").read_bytes() == (tmp_path / "b" / "report.md").read_bytes()
+        assert run_hsd("convert", docs_dir, "-o", tmp_path / run, "-q").exit_code == 0
+    for name in ("report.md", "report.json", "scan.md", "scan.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
 def test_real_process_keeps_stdout_for_json_only(docs_dir, tmp_path):
