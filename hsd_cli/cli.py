@@ -17,6 +17,7 @@ from rich.table import Table
 
 from hsd_cli import __version__
 from hsd_cli.bench import bench_app
+from hsd_cli.eval import eval_app
 from hsd_cli.config import ConvertConfig, DraftBackendName, ImageMode, RunConfig, Stages, UsageError
 from hsd_cli.settings import describe_sources, load_config_callback
 
@@ -30,6 +31,7 @@ app = typer.Typer(
 config_app = typer.Typer(help="Inspect hsd's configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
+app.add_typer(eval_app, name="eval")
 
 
 def _version(value: bool) -> None:
