@@ -51,7 +51,9 @@ def _image_only_processor_class(base: type) -> type:
             # Skip the base __init__ (it wants a video processor) and go to ProcessorMixin's.
             super(base, self).__init__(image_processor, tokenizer, chat_template=chat_template)
 
-    ImageOnlyProcessor.__name__ = ImageOnlyProcessor.__qualname__ = f"{base.__name__}ImageOnly"
+    # Saved processor configs then name the official class, as in a real model directory.
+    ImageOnlyProcessor.__name__ = base.__name__
+    ImageOnlyProcessor.__qualname__ = f"{base.__name__}ImageOnly"
     return ImageOnlyProcessor
 
 
@@ -97,19 +99,27 @@ class QwenVLAdapter(FamilyAdapter):
     model_types = ("qwen2_vl", "qwen2_5_vl")
 
     def load_processor(self, path: str, trust_remote_code: bool):
+        # Built from parts: AutoProcessor would also build the video processor, which needs
+        # torchvision, and the default image processor backend needs it too.
         from transformers import AutoTokenizer
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        processor_class = _image_only_processor_class(self._processor_base())
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
-        template = tokenizer.chat_template or _chat_template_from_dir(path)
-        return processor_class(image_processor, tokenizer, chat_template=template)
+        image_processor = self._image_processor_class().from_pretrained(path)
+        template = _chat_template_from_dir(path) or tokenizer.chat_template
+        return self._processor_class()(image_processor, tokenizer, chat_template=template)
 
     def _processor_base(self) -> type:
         from transformers import Qwen2_5_VLProcessor
 
         return Qwen2_5_VLProcessor
+
+    def _processor_class(self) -> type:
+        return _image_only_processor_class(self._processor_base())
+
+    def _image_processor_class(self) -> type:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil
 
     def rope_deltas(self, model, inputs: dict) -> torch.Tensor:
         if inputs.get("image_grid_thw") is None:
@@ -152,8 +162,24 @@ class Qwen3VLAdapter(QwenVLAdapter):
         return Qwen3VLProcessor
 
 
+class PaddleOCRVLAdapter(QwenVLAdapter):
+    """PaddleOCR-VL: Qwen-style 3-axis MRoPE over an ERNIE text model; no video processor."""
+
+    model_types = ("paddleocr_vl",)
+
+    def _processor_class(self) -> type:
+        from transformers import PaddleOCRVLProcessor
+
+        return PaddleOCRVLProcessor
+
+    def _image_processor_class(self) -> type:
+        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
+
+        return PaddleOCRVLImageProcessorPil
+
+
 ADAPTERS: dict[str, FamilyAdapter] = {
-    t: a for a in (Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter()) for t in a.model_types
+    t: a for a in (Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter()) for t in a.model_types
 }
 
 
@@ -364,26 +390,62 @@ def load_target(
 # ----------------------------------------------------------------------------------------------
 # Tiny random models for tests and benchmarks
 
-QWEN_SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
+@dataclass(frozen=True)
+class TinyTokens:
+    """A family's special tokens as its processor and config expect them."""
 
-QWEN_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    pad: str
+    eos: str
+    image: str
+    video: str
+    vision_start: str
+    vision_end: str
+    others: tuple[str, ...] = ()
+    chat_template: str = ""
+
+    @property
+    def all(self) -> list[str]:
+        return list(dict.fromkeys([self.pad, self.eos, self.image, self.video, self.vision_start, self.vision_end, *self.others]))
+
+
+QWEN_TOKENS = TinyTokens(
+    pad="<|endoftext|>",
+    eos="<|im_end|>",
+    image="<|image_pad|>",
+    video="<|video_pad|>",
+    vision_start="<|vision_start|>",
+    vision_end="<|vision_end|>",
+    others=("<|im_start|>",),
+    chat_template=(
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
 )
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+PADDLE_TOKENS = TinyTokens(
+    pad="<unk>",
+    eos="</s>",
+    image="<|IMAGE_PLACEHOLDER|>",
+    video="<|video_pad|>",
+    vision_start="<|IMAGE_START|>",
+    vision_end="<|IMAGE_END|>",
+    others=("<s>",),
+    chat_template=(
+        "{% for message in messages %}{% if message['role'] == 'user' %}User: "
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}\n"
+        "{% else %}Assistant: {{ message['content'] }}</s>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}Assistant: {% endif %}"
+    ),
+)
+
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl")
 
 
 _PROSE = (
@@ -408,7 +470,8 @@ def _tokenizer_corpus() -> list[str]:
     return [_PROSE, *docs, *markup]
 
 
-def build_tiny_tokenizer(vocab_size: int = 1024):
+def build_tiny_tokenizer(tokens: TinyTokens = QWEN_TOKENS, vocab_size: int = 1024):
+    """A byte-level BPE trained offline on a fixed corpus, with the family's special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -417,23 +480,23 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=QWEN_SPECIAL_TOKENS,
+        special_tokens=tokens.all,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     core.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=QWEN_SPECIAL_TOKENS[1:],
+        eos_token=tokens.eos,
+        pad_token=tokens.pad,
+        extra_special_tokens={"image_token": tokens.image, "video_token": tokens.video},
+        additional_special_tokens=[t for t in tokens.all if t not in (tokens.eos, tokens.pad)],
     )
-    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    tokenizer.chat_template = tokens.chat_template
     return tokenizer
 
 
-def _tiny_config(family: str, tokenizer, seed: int):
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
     text = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -441,51 +504,69 @@ def _tiny_config(family: str, tokenizer, seed: int):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=16,
         max_position_embeddings=4096,
         # head_dim 16 -> 8 rotary frequencies split over the (temporal, height, width) axes.
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=tokenizer.convert_tokens_to_ids(tokens.pad),
+        eos_token_id=tokenizer.convert_tokens_to_ids(tokens.eos),
+        pad_token_id=tokenizer.convert_tokens_to_ids(tokens.pad),
         # Larger init than the real 0.02 so a random model's greedy text depends on its context
         # instead of falling into a short loop at once.
         initializer_range=0.3,
     )
     common = dict(
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        image_token_id=tokenizer.convert_tokens_to_ids(tokens.image),
+        video_token_id=tokenizer.convert_tokens_to_ids(tokens.video),
+        vision_start_token_id=tokenizer.convert_tokens_to_ids(tokens.vision_start),
+        vision_end_token_id=tokenizer.convert_tokens_to_ids(tokens.vision_end),
         tie_word_embeddings=False,
     )
+    small_vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, spatial_merge_size=2)
     if family == "qwen2_5_vl":
         from transformers import Qwen2_5_VLConfig
 
-        vision = dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-            fullatt_block_indexes=[1],
-        )
+        vision = dict(small_vision, out_hidden_size=64, patch_size=14, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
     if family == "qwen2_vl":
         from transformers import Qwen2VLConfig
 
-        vision = dict(
-            depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-        )
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
         return Qwen2VLConfig(text_config=text, vision_config=vision, **common)
     if family == "qwen3_vl":
         from transformers import Qwen3VLConfig
 
-        text["head_dim"] = 16
         vision = dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-            patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+            small_vision, out_hidden_size=64, patch_size=16, temporal_patch_size=2,
             num_position_embeddings=64, deepstack_visual_indexes=[1],
         )
         return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "paddleocr_vl":
+        from transformers import PaddleOCRVLConfig
+
+        vision = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            patch_size=14, image_size=56, spatial_merge_size=2,
+        )
+        return PaddleOCRVLConfig(text_config=text, vision_config=vision, **common)
     raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
+
+
+def _tiny_processor(family: str, tokenizer, config):
+    """The family's processor with an image processor that makes 4 to 16 merged image tokens."""
+    patch = config.vision_config.patch_size
+    merged = patch * config.vision_config.spatial_merge_size
+    pixels = dict(min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2)
+    if family == "paddleocr_vl":
+        from transformers import PaddleOCRVLProcessor
+        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
+
+        image_processor = PaddleOCRVLImageProcessorPil(patch_size=patch, **pixels)
+        return PaddleOCRVLProcessor(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image_processor = Qwen2VLImageProcessorPil(patch_size=patch, **pixels)
+    return adapter_for(family)._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
 
 
 def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
@@ -495,26 +576,18 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     its own: logits of random rows are spread around 0, so a zero logit is never the argmax.
     """
     from transformers import AutoModelForImageTextToText
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out_dir = Path(out_dir)
-    tokenizer = build_tiny_tokenizer()
-    config = _tiny_config(family, tokenizer, seed)
+    tokens = PADDLE_TOKENS if family == "paddleocr_vl" else QWEN_TOKENS
+    tokenizer = build_tiny_tokenizer(tokens)
+    config = _tiny_config(family, tokenizer, tokens)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     with torch.no_grad():
-        for token in QWEN_SPECIAL_TOKENS:
+        for token in tokens.all:
             model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)].zero_()
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    # Few image tokens: every image becomes 4 to 16 merged tokens.
-    patch = config.vision_config.patch_size
-    merged = patch * config.vision_config.spatial_merge_size
-    image_processor = Qwen2VLImageProcessorPil(
-        patch_size=patch, min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2
-    )
-    image_processor.save_pretrained(out_dir)
-    (out_dir / "chat_template.jinja").write_text(QWEN_CHAT_TEMPLATE)
+    _tiny_processor(family, tokenizer, config).save_pretrained(out_dir)
     return out_dir

@@ -3,8 +3,8 @@
 Greedy and sampling share one rule: pick the target's token at every node (argmax, or a draw
 from the processed distribution), then accept the longest root path whose every node carries
 the token picked at its parent. The token picked at the last accepted node is the bonus.
-Sampling draws for output position t come from a generator keyed by (seed, t), so speculative
-sampling emits exactly the tokens plain sampling with the same seed emits.
+Sampling draws for output position t come from a generator keyed by (seed, t) (Gumbel-max),
+so speculative sampling emits exactly the tokens plain sampling with the same seed emits.
 """
 
 from __future__ import annotations
@@ -58,17 +58,18 @@ def processed_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     return scores.softmax(-1)
 
 
-def keyed_uniform(seed: int, position: int) -> float:
-    """The uniform draw for output position `position`: the same wherever it is computed."""
+def keyed_gumbel(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+    """The Gumbel noise for output position `position`: the same wherever it is computed."""
     generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + position)
-    return float(torch.rand((), generator=generator, dtype=torch.float64))
+    uniform = torch.rand(vocab_size, generator=generator, dtype=torch.float64).clamp_(min=1e-300)
+    return -torch.log(-torch.log(uniform))
 
 
-def sample_tokens(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draws: probs (..., V) and uniforms (...) in [0, 1) -> token ids (...)."""
-    cdf = probs.double().cumsum(-1)
-    target = (uniforms.double() * cdf[..., -1]).unsqueeze(-1)
-    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+def sample_tokens(probs: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max draws: argmax(log p + g) over (..., V). Unlike an inverse-CDF draw, a logit
+    perturbation of 1e-7 (tree vs incremental forward) flips the choice only when the two best
+    perturbed scores tie to that precision, not whenever a CDF boundary is near."""
+    return (probs.double().log() + gumbel).argmax(-1)
 
 
 def pick_tokens(logits: torch.Tensor, depths: torch.Tensor, emitted: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
@@ -80,11 +81,13 @@ def pick_tokens(logits: torch.Tensor, depths: torch.Tensor, emitted: Sequence[in
     if sampling.greedy:
         return logits.argmax(-1).cpu()
     probs = processed_probs(logits, sampling).cpu()
-    uniforms = torch.empty(depths.shape, dtype=torch.float64)
+    vocab_size = probs.shape[-1]
+    noise = torch.empty(probs.shape, dtype=torch.float64)
     for row, row_depths in enumerate(depths.tolist()):
-        draws = {d: keyed_uniform(sampling.seed, emitted[row] + d) for d in set(row_depths)}
-        uniforms[row] = torch.tensor([draws[d] for d in row_depths], dtype=torch.float64)
-    return sample_tokens(probs, uniforms)
+        draws = {d: keyed_gumbel(sampling.seed, emitted[row] + d, vocab_size) for d in set(row_depths)}
+        for node, depth in enumerate(row_depths):
+            noise[row, node] = draws[depth]
+    return sample_tokens(probs, noise)
 
 
 def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> list[StepOutcome]:

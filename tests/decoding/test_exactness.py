@@ -9,7 +9,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig
 from hsd_cli.decoding.tree import TokenTree, batch_trees
-from hsd_cli.decoding.verify import SamplingConfig, keyed_uniform, processed_probs, sample_tokens
+from hsd_cli.decoding.verify import SamplingConfig, keyed_gumbel, processed_probs, sample_tokens
 
 PROMPT = "Transcribe the text."
 LENGTH = 160
@@ -185,8 +185,7 @@ class KeyedSampler(LogitsProcessor):
     def __call__(self, input_ids, scores):
         position = input_ids.shape[1] - self.prompt_length
         probs = processed_probs(scores, self.sampling)
-        uniforms = torch.full((scores.shape[0],), keyed_uniform(self.sampling.seed, position), dtype=torch.float64)
-        chosen = sample_tokens(probs, uniforms)
+        chosen = sample_tokens(probs, keyed_gumbel(self.sampling.seed, position, scores.shape[-1]))
         return torch.full_like(scores, float("-inf")).scatter(1, chosen[:, None], 0.0)
 
 

@@ -5,7 +5,7 @@ from hsd_cli.decoding.verify import (
     SamplingConfig,
     accept_path_near_lossless,
     accept_paths,
-    keyed_uniform,
+    keyed_gumbel,
     pick_tokens,
     processed_probs,
     sample_tokens,
@@ -56,13 +56,18 @@ def test_top_k_and_top_p_processing():
 
 
 def test_keyed_draws_depend_only_on_seed_and_position():
-    assert keyed_uniform(3, 17) == keyed_uniform(3, 17)
-    assert keyed_uniform(3, 17) != keyed_uniform(3, 18)
-    assert keyed_uniform(3, 17) != keyed_uniform(4, 17)
+    assert torch.equal(keyed_gumbel(3, 17, 50), keyed_gumbel(3, 17, 50))
+    assert not torch.equal(keyed_gumbel(3, 17, 50), keyed_gumbel(3, 18, 50))
+    assert not torch.equal(keyed_gumbel(3, 17, 50), keyed_gumbel(4, 17, 50))
+
+
+def test_gumbel_max_draws_follow_the_distribution():
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    assert sample_tokens(probs, torch.tensor(0.05)).item() == 0
-    assert sample_tokens(probs, torch.tensor(0.25)).item() == 1
-    assert sample_tokens(probs, torch.tensor(0.95)).item() == 3
+    draws = torch.stack([sample_tokens(probs, keyed_gumbel(0, t, 4)) for t in range(4000)])
+    frequencies = torch.bincount(draws, minlength=4).double() / len(draws)
+    assert (frequencies - probs.double()).abs().max() < 0.03
+    masked = torch.tensor([0.0, 0.5, 0.5, 0.0])
+    assert all(sample_tokens(masked, keyed_gumbel(0, t, 4)).item() in (1, 2) for t in range(200))
 
 
 def test_pick_tokens_uses_the_output_position_of_each_node():
@@ -71,7 +76,7 @@ def test_pick_tokens_uses_the_output_position_of_each_node():
     depths = torch.tensor([[0, 1, 1]])
     picked = pick_tokens(logits, depths, [7], sampling)
     for node, depth in enumerate([0, 1, 1]):
-        expected = sample_tokens(processed_probs(logits[0, node], sampling), torch.tensor(keyed_uniform(5, 7 + depth)))
+        expected = sample_tokens(processed_probs(logits[0, node], sampling), keyed_gumbel(5, 7 + depth, 50))
         assert picked[0, node].item() == expected.item()
 
 
