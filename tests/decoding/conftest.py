@@ -2,9 +2,19 @@
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from hsd_cli.decoding.hf_adapter import TINY_FAMILIES, build_tiny_random, load_target
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    # Tiny models gain nothing from threads, and spinning threads slow down on a shared machine.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session", params=TINY_FAMILIES)

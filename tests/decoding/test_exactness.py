@@ -1,6 +1,7 @@
 """Speculative decoding must emit exactly what plain decoding of the same model emits."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from hsd_cli.decoding.tree import TokenTree, batch_trees
 from hsd_cli.decoding.verify import SamplingConfig, keyed_gumbel, processed_probs, sample_tokens
 
 PROMPT = "Transcribe the text."
-LENGTH = 160
+LENGTH = 128
 GREEDY = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None)
 
 
@@ -201,5 +202,5 @@ def test_speculative_sampling_equals_plain_sampling(tiny_target, page_image, sam
     result = speculative(tiny_target, page_image, [edit(plain, 2, substitute=0.05)], config=config)
     assert result.tokens == plain
     assert result.stats.accepted > LENGTH // 3
-    other_seed = speculative(tiny_target, page_image, [], config=DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None, sampling=SamplingConfig(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed + 1)))
-    assert other_seed.tokens != plain
+    short = DecodeConfig(max_new_tokens=40, repetition_guard=None, sampling=replace(sampling, seed=sampling.seed + 1))
+    assert speculative(tiny_target, page_image, [], config=short).tokens != plain[:40]
