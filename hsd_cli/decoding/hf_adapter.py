@@ -67,9 +67,12 @@ class FamilyAdapter:
 
         return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
 
-    def rope_deltas(self, model, inputs: dict) -> torch.Tensor:
-        """Per-row offset added to (past length + depth) to get a new token's position."""
-        return torch.zeros(inputs["input_ids"].shape[0], dtype=torch.long)
+    def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's `position_ids` and, per row, the rope delta: the offset added to
+        (real tokens so far + depth) to get a new token's position. Left padding is skipped."""
+        attention = inputs["attention_mask"].long()
+        text_positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        return self.position_ids(text_positions), torch.zeros(attention.shape[0], dtype=torch.long)
 
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         """positions (B, K) absolute text positions -> what the model's `position_ids` expects."""
@@ -121,17 +124,17 @@ class QwenVLAdapter(FamilyAdapter):
 
         return Qwen2VLImageProcessorPil
 
-    def rope_deltas(self, model, inputs: dict) -> torch.Tensor:
+    def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         if inputs.get("image_grid_thw") is None:
-            return torch.zeros(inputs["input_ids"].shape[0], dtype=torch.long)
+            return super().prefill_positions(model, inputs)
         # Computed here, never read from model.model.rope_deltas: that attribute goes stale.
-        _, deltas = model.model.get_rope_index(
+        positions, deltas = model.model.get_rope_index(
             inputs["input_ids"],
             mm_token_type_ids=inputs["mm_token_type_ids"],
             image_grid_thw=inputs["image_grid_thw"],
             attention_mask=inputs["attention_mask"],
         )
-        return deltas.view(-1).cpu()
+        return positions, deltas.view(-1).cpu()
 
     def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         # Text tokens after the image use the same position on all three MRoPE axes.
@@ -253,13 +256,14 @@ class HFTarget:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        attention = inputs["attention_mask"].bool()
+        position_ids, rope_delta = self.adapter.prefill_positions(self.model, inputs)
+        out = self.model(**inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        attention = inputs["attention_mask"].bool().cpu()
         state = BatchState(
             cache=cache,
             slot_valid=attention.clone(),
-            past_len=attention.sum(-1).cpu(),
-            rope_delta=self.adapter.rope_deltas(self.model, inputs),
+            past_len=attention.sum(-1),
+            rope_delta=rope_delta,
             rows=list(range(attention.shape[0])),
         )
         return state, out.logits[:, -1, :].float()

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from hsd_cli.decoding.hf_adapter import HFTarget
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig
 from hsd_cli.decoding.tree import TokenTree, batch_trees
@@ -121,6 +122,27 @@ def test_batched_sequences_of_different_lengths(tiny_target, make_image):
         assert result.tokens == ref
     # Rows accept different amounts, so they finish at different steps and leave the batch early.
     assert len({r.stats.forwards for r in results}) > 1
+
+
+class AlwaysCompactingTarget(HFTarget):
+    """Squeezes padding out of the cache after every step, as it does when padding piles up."""
+
+    def commit(self, state, width, kept_nodes):
+        super().commit(state, width, kept_nodes)
+        self._compact(state)
+
+
+def test_batched_text_only_prompts_and_cache_compaction(tiny_target):
+    prompts = ["Hi.", "Write a long and careful transcription of nothing at all, please."]
+    references = []
+    for prompt in prompts:
+        inputs = tiny_target.inputs([None], [prompt])
+        out = tiny_target.model.generate(**inputs, max_new_tokens=60, do_sample=False)
+        references.append(out[0, inputs["input_ids"].shape[1] :].tolist())
+    target = AlwaysCompactingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    requests = [DecodeRequest(None, p, DraftProposer([edit(r, 7, substitute=0.2)])) for p, r in zip(prompts, references)]
+    results = decode_batch(target, requests, DecodeConfig(max_new_tokens=60, repetition_guard=None))
+    assert [r.tokens for r in results] == references
 
 
 # -- logits -------------------------------------------------------------------------------------
