@@ -51,7 +51,9 @@ def _run(scorer: Callable[[Console], dict[str, Any]], json_output: bool, show: C
         sys.stdout.write(json.dumps(report, ensure_ascii=False) + "\n")
 
 
-def _maybe_convert(console: Console, convert: bool, inputs: Path | None, outputs: Path, stages, draft):
+def _maybe_convert(
+    console: Console, convert: bool, inputs: Path | None, outputs: Path, stages: Stages, draft: DraftBackendName
+) -> dict[str, Any] | None:
     """The --convert block of a report, or None; --inputs without --convert is a usage error."""
     if not convert:
         if inputs is not None:

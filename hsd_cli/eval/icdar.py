@@ -3,8 +3,9 @@
 Each table becomes the set of (cell, nearest non-empty cell to its right) and (cell, nearest
 non-empty cell below) pairs, compared by normalised content (lower case, no whitespace), as in
 the competition (Göbel et al. 2013). Precision, recall and F1 are per document over all its
-tables, against the `-str.xml` interpretation or the alternative `b-str.xml`, whichever gives the
-higher F1; the overall figures are micro averages over the documents.
+tables, against `<doc>-str.xml` or an alternative interpretation, whichever gives the higher F1;
+the alternative of `us-035a.pdf` is `us-035b-str.xml` (and `<doc>b-str.xml` in general). The
+overall figures are micro averages over the documents.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ def read_structure(path: Path) -> list[Table]:
     return tables
 
 
+def alternative_structures(pdf: Path) -> list[Path]:
+    """The other valid interpretations shipped for `pdf`: us-035a.pdf -> us-035b-str.xml."""
+    names = {f"{pdf.stem}b-str.xml"} | ({f"{pdf.stem[:-1]}b-str.xml"} if pdf.stem.endswith("a") else set())
+    return sorted(path for name in names if (path := pdf.with_name(name)).is_file())
+
+
 def prf(matched: int, predicted: int, truth: int) -> dict[str, float | None]:
     precision = matched / predicted if predicted else None
     recall = matched / truth if truth else None
@@ -107,22 +114,20 @@ def score_documents(outputs: Path, icdar_dir: Path) -> dict[str, Any]:
         raise EvalInputError(f"--icdar directory not found: {icdar_dir}")
     if not outputs.is_dir():
         raise EvalInputError(f"output directory not found: {outputs}")
-    structure_files = sorted(p for p in icdar_dir.rglob("*-str.xml") if not p.name.endswith("b-str.xml"))
-    if not structure_files:
-        raise EvalInputError(f"no ICDAR <doc>-str.xml files under {icdar_dir}")
+    pdfs = sorted(p for p in icdar_dir.rglob("*.pdf") if p.with_name(f"{p.stem}-str.xml").is_file())
+    if not pdfs:
+        raise EvalInputError(f"no ICDAR <doc>.pdf with <doc>-str.xml under {icdar_dir}")
     documents, missing = [], []
-    for path in structure_files:
-        stem = path.name[: -len("-str.xml")]
-        key = path.parent.relative_to(icdar_dir) / stem
+    for pdf in pdfs:
+        key = pdf.relative_to(icdar_dir).with_suffix("")
         pages = read_hsd_pages(outputs / f"{key.as_posix()}.json")
         if pages is None:
             missing.append(key.as_posix())
             pages = {}
         predicted = [table for _, markdown in sorted(pages.items()) for table in find_tables(markdown)]
-        variants = {"str": read_structure(path)}
-        alternative = path.with_name(f"{stem}b-str.xml")
-        if alternative.is_file():
-            variants["b-str"] = read_structure(alternative)
+        variants = {"str": read_structure(pdf.with_name(f"{pdf.stem}-str.xml"))}
+        for alternative in alternative_structures(pdf):
+            variants[alternative.name] = read_structure(alternative)
         documents.append({"document": key.as_posix(), **score_document(predicted, variants)})
     totals = {name: sum(doc[name] for doc in documents) for name in ("matched", "predicted", "truth")}
     f1s = [doc["f1"] or 0.0 for doc in documents]
