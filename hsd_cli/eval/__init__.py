@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from hsd_cli.config import DraftBackendName, Stages
-from hsd_cli.eval.errors import EvalInputError
+from hsd_cli.eval.errors import EvalInputError, missing_dependency
 from hsd_cli.eval.math_render import MathRender
 
 eval_app = typer.Typer(
@@ -125,10 +125,13 @@ def omnidocbench_command(
     json_output: JsonOpt = False,
 ) -> None:
     """Text edit distance, table TEDS and reading-order edit distance per page and overall."""
-    from hsd_cli.eval.omnidocbench import score_pages
     from hsd_cli.eval.report import show_omnidocbench
 
     def scorer(console: Console) -> dict[str, Any]:
+        try:
+            from hsd_cli.eval.omnidocbench import score_pages
+        except ImportError as exc:
+            raise missing_dependency(exc, "table TEDS") from None
         conversion = _maybe_convert(console, convert, inputs, outputs, stages, draft)
         return score_pages(outputs, gt) | {"convert": conversion}
 

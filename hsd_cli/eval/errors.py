@@ -3,3 +3,11 @@
 
 class EvalInputError(ValueError):
     """Missing or malformed benchmark input (test file, ground truth, output directory)."""
+
+
+def missing_dependency(exc: ImportError, what: str) -> EvalInputError:
+    """The one-line error for a scorer whose optional dependencies are not installed."""
+    return EvalInputError(
+        f"{what} needs the Python package {exc.name or exc}, which is not installed "
+        "(install the eval extra; docs/BENCHMARKS_eval.md lists the packages)"
+    )

@@ -125,7 +125,8 @@ def score_documents(outputs: Path, icdar_dir: Path) -> dict[str, Any]:
             missing.append(key.as_posix())
             pages = {}
         predicted = [table for _, markdown in sorted(pages.items()) for table in find_tables(markdown)]
-        variants = {"str": read_structure(pdf.with_name(f"{pdf.stem}-str.xml"))}
+        primary = pdf.with_name(f"{pdf.stem}-str.xml")
+        variants = {primary.name: read_structure(primary)}
         for alternative in alternative_structures(pdf):
             variants[alternative.name] = read_structure(alternative)
         documents.append({"document": key.as_posix(), **score_document(predicted, variants)})

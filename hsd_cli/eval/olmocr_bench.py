@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsd_cli.eval.errors import EvalInputError
+from hsd_cli.eval.errors import EvalInputError, missing_dependency
 from hsd_cli.eval.math_render import MathMode, math_rendering
 from hsd_cli.eval.outputs import PageOutputs, document_key
 
@@ -32,10 +32,7 @@ def import_bench():
         import olmocr.bench.tests as bench_tests
         import olmocr.bench.utils as bench_utils
     except ImportError as exc:
-        raise EvalInputError(
-            f"olmOCR-Bench scoring needs the olmocr package and its scorer dependencies ({exc}); "
-            "see docs/BENCHMARKS_eval.md for the pip command"
-        ) from None
+        raise missing_dependency(exc, "olmOCR-Bench scoring") from None
     return bench_tests, bench_utils
 
 

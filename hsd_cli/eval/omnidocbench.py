@@ -140,6 +140,23 @@ def load_ground_truth(path: Path) -> list[dict[str, Any]]:
     return pages
 
 
+def output_files(outputs: Path) -> dict[str, Path]:
+    """Output file per stem: hsd's `<stem>.json`, else a plain `<stem>.md` (another system's output)."""
+    found: dict[str, Path] = {}
+    for suffix in (".json", ".md"):
+        for path in sorted(outputs.rglob(f"*{suffix}")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def page_markdown(path: Path | None) -> dict[int, str] | None:
+    if path is None:
+        return None
+    if path.suffix == ".json":
+        return read_hsd_pages(path)
+    return {1: path.read_text(encoding="utf-8", errors="replace")}
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -148,12 +165,11 @@ def score_pages(outputs: Path, gt_path: Path) -> dict[str, Any]:
     if not outputs.is_dir():
         raise EvalInputError(f"output directory not found: {outputs}")
     truth_pages = load_ground_truth(gt_path)
-    by_stem = {path.stem: path for path in sorted(outputs.rglob("*.json"))}
+    files = output_files(outputs)
     pages, missing, all_tables = [], [], []
     for record in truth_pages:
         image = str(record["page_info"].get("image_path", ""))
-        output = by_stem.get(Path(image).stem)
-        markdown_pages = read_hsd_pages(output) if output is not None else None
+        markdown_pages = page_markdown(files.get(Path(image).stem))
         if not markdown_pages:
             missing.append(image)
         markdown = "\n\n".join(text for _, text in sorted((markdown_pages or {}).items()))
