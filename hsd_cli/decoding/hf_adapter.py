@@ -72,9 +72,9 @@ class FamilyAdapter:
         (real tokens so far + depth) to get a new token's position. Left padding is skipped."""
         attention = inputs["attention_mask"].long()
         text_positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        return self.position_ids(text_positions), torch.zeros(attention.shape[0], dtype=torch.long)
+        return self.position_ids(model, text_positions), torch.zeros(attention.shape[0], dtype=torch.long)
 
-    def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
+    def position_ids(self, model, positions: torch.Tensor) -> torch.Tensor:
         """positions (B, K) absolute text positions -> what the model's `position_ids` expects."""
         return positions
 
@@ -136,9 +136,12 @@ class QwenVLAdapter(FamilyAdapter):
         )
         return positions, deltas.view(-1).cpu()
 
-    def position_ids(self, positions: torch.Tensor) -> torch.Tensor:
-        # Text tokens after the image use the same position on all three MRoPE axes.
-        return positions.unsqueeze(0).expand(3, -1, -1)
+    def position_ids(self, model, positions: torch.Tensor) -> torch.Tensor:
+        # Text tokens after the image use the same position on every MRoPE axis.
+        return positions.unsqueeze(0).expand(self.rope_axes(model), -1, -1)
+
+    def rope_axes(self, model) -> int:
+        return 3
 
 
 class Qwen2VLAdapter(QwenVLAdapter):
@@ -181,8 +184,33 @@ class PaddleOCRVLAdapter(QwenVLAdapter):
         return PaddleOCRVLImageProcessorPil
 
 
+class HunYuanVLAdapter(QwenVLAdapter):
+    """HunYuanVL (HunyuanOCR): XD-RoPE with as many axes as `mrope_section` has entries (4 in
+    HunyuanOCR); text tokens carry their sequence position on every axis."""
+
+    model_types = ("hunyuan_vl",)
+
+    def rope_axes(self, model) -> int:
+        return len(model.config.text_config.rope_parameters["mrope_section"])
+
+    def vision_token_ids(self, config) -> list[int]:
+        return [config.image_token_id, config.im_start_id, config.im_end_id, config.im_newline_id]
+
+    def _processor_class(self) -> type:
+        from transformers import HunYuanVLProcessor
+
+        return HunYuanVLProcessor
+
+    def _image_processor_class(self) -> type:
+        from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
+
+        return HunYuanVLImageProcessorPil
+
+
 ADAPTERS: dict[str, FamilyAdapter] = {
-    t: a for a in (Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter()) for t in a.model_types
+    t: a
+    for a in (Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter())
+    for t in a.model_types
 }
 
 
@@ -293,7 +321,7 @@ class HFTarget:
         mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
         out = self.model(
             input_ids=tokens.to(self.device),
-            position_ids=self.adapter.position_ids(positions).to(self.device),
+            position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
             attention_mask=mask[:, None].to(self.device),
             past_key_values=state.cache,
             use_cache=True,
@@ -449,7 +477,27 @@ PADDLE_TOKENS = TinyTokens(
     ),
 )
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl")
+HUNYUAN_TOKENS = TinyTokens(
+    pad="<｜hy_pad｜>",
+    eos="<｜hy_eos｜>",
+    image="<｜hy_image｜>",
+    video="<｜hy_video｜>",
+    vision_start="<｜hy_image_start｜>",
+    vision_end="<｜hy_image_end｜>",
+    others=("<｜hy_newline｜>", "<｜hy_User｜>", "<｜hy_Assistant｜>"),
+    chat_template=(
+        "{% for message in messages %}{% if message['role'] == 'user' %}<｜hy_User｜>"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<｜hy_image_start｜><｜hy_image｜><｜hy_image_end｜>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "{% else %}<｜hy_Assistant｜>{{ message['content'] }}<｜hy_eos｜>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<｜hy_Assistant｜>{% endif %}"
+    ),
+)
+
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl")
+TINY_TOKENS = {"paddleocr_vl": PADDLE_TOKENS, "hunyuan_vl": HUNYUAN_TOKENS}
 
 
 _PROSE = (
@@ -493,7 +541,12 @@ def build_tiny_tokenizer(tokens: TinyTokens = QWEN_TOKENS, vocab_size: int = 102
         tokenizer_object=core,
         eos_token=tokens.eos,
         pad_token=tokens.pad,
-        extra_special_tokens={"image_token": tokens.image, "video_token": tokens.video},
+        extra_special_tokens={
+            "image_token": tokens.image,
+            "video_token": tokens.video,
+            "image_start_token": tokens.vision_start,
+            "image_end_token": tokens.vision_end,
+        },
         additional_special_tokens=[t for t in tokens.all if t not in (tokens.eos, tokens.pad)],
     )
     tokenizer.chat_template = tokens.chat_template
@@ -553,6 +606,24 @@ def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
             patch_size=14, image_size=56, spatial_merge_size=2,
         )
         return PaddleOCRVLConfig(text_config=text, vision_config=vision, **common)
+    if family == "hunyuan_vl":
+        from transformers import HunYuanVLConfig
+
+        # Four XD-RoPE axes as in HunyuanOCR: (sequence, width, height, image index).
+        text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=[2, 2, 2, 2])
+        vision = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            out_hidden_size=64, text_hidden_size=64, patch_size=16, spatial_merge_size=2,
+        )
+        return HunYuanVLConfig(
+            text_config=text,
+            vision_config=vision,
+            image_token_id=common["image_token_id"],
+            im_start_id=common["vision_start_token_id"],
+            im_end_id=common["vision_end_token_id"],
+            im_newline_id=tokenizer.convert_tokens_to_ids("<｜hy_newline｜>"),
+            tie_word_embeddings=False,
+        )
     raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
 
 
@@ -561,16 +632,9 @@ def _tiny_processor(family: str, tokenizer, config):
     patch = config.vision_config.patch_size
     merged = patch * config.vision_config.spatial_merge_size
     pixels = dict(min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2)
-    if family == "paddleocr_vl":
-        from transformers import PaddleOCRVLProcessor
-        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
-
-        image_processor = PaddleOCRVLImageProcessorPil(patch_size=patch, **pixels)
-        return PaddleOCRVLProcessor(image_processor, tokenizer, chat_template=tokenizer.chat_template)
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    image_processor = Qwen2VLImageProcessorPil(patch_size=patch, **pixels)
-    return adapter_for(family)._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+    adapter = adapter_for(family)
+    image_processor = adapter._image_processor_class()(patch_size=patch, **pixels)
+    return adapter._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
 
 
 def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
@@ -582,7 +646,7 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     from transformers import AutoModelForImageTextToText
 
     out_dir = Path(out_dir)
-    tokens = PADDLE_TOKENS if family == "paddleocr_vl" else QWEN_TOKENS
+    tokens = TINY_TOKENS.get(family, QWEN_TOKENS)
     tokenizer = build_tiny_tokenizer(tokens)
     config = _tiny_config(family, tokenizer, tokens)
     torch.manual_seed(seed)
