@@ -78,6 +78,10 @@ class FamilyAdapter:
         """positions (B, K) absolute text positions -> what the model's `position_ids` expects."""
         return positions
 
+    def processor_images(self, images: Sequence[Image.Image | None]):
+        """The images of a batch (None = a text-only row) as the processor takes them."""
+        return [im for im in images if im is not None] or None
+
     def chat_text(self, processor, prompt: str, with_image: bool) -> str:
         content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
         messages = [{"role": "user", "content": content}]
@@ -207,9 +211,36 @@ class HunYuanVLAdapter(QwenVLAdapter):
         return HunYuanVLImageProcessorPil
 
 
+class Idefics3Adapter(FamilyAdapter):
+    """Idefics3 (SmolVLM, SmolDocling, granite-docling): plain 1-D positions over a Llama-style
+    text model; images are given per prompt."""
+
+    model_types = ("idefics3",)
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoTokenizer, Idefics3Processor
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config_file = Path(path) / "processor_config.json"
+        settings = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        template = _chat_template_from_dir(path) or tokenizer.chat_template
+        return Idefics3Processor(
+            Idefics3ImageProcessorPil.from_pretrained(path),
+            tokenizer,
+            image_seq_len=settings.get("image_seq_len", 169),
+            chat_template=template,
+        )
+
+    def processor_images(self, images: Sequence[Image.Image | None]):
+        return [[im] if im is not None else [] for im in images] if any(im is not None for im in images) else None
+
+
 ADAPTERS: dict[str, FamilyAdapter] = {
     t: a
-    for a in (Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter())
+    for a in (
+        Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), Idefics3Adapter()
+    )
     for t in a.model_types
 }
 
@@ -269,11 +300,8 @@ class HFTarget:
     def inputs(self, images: Sequence[Image.Image | None], prompts: Sequence[str]) -> dict:
         """Processor inputs for a batch (left padding so every row's next token is at the end)."""
         texts = [self.adapter.chat_text(self.processor, p, im is not None) for im, p in zip(images, prompts)]
-        real_images = [im for im in images if im is not None]
         self.tokenizer.padding_side = "left"
-        batch = self.processor(
-            text=texts, images=real_images or None, return_tensors="pt", padding=True
-        )
+        batch = self.processor(text=texts, images=self.adapter.processor_images(images), return_tensors="pt", padding=True)
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     # -- decoding primitives -----------------------------------------------------------------
@@ -496,8 +524,25 @@ HUNYUAN_TOKENS = TinyTokens(
     ),
 )
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl")
-TINY_TOKENS = {"paddleocr_vl": PADDLE_TOKENS, "hunyuan_vl": HUNYUAN_TOKENS}
+IDEFICS3_TOKENS = TinyTokens(
+    pad="<|endoftext|>",
+    eos="<end_of_utterance>",
+    image="<image>",
+    video="<video>",
+    vision_start="<fake_token_around_image>",
+    vision_end="<global-img>",
+    others=("<|im_start|>",),
+    chat_template=(
+        "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+    ),
+)
+
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "idefics3")
+TINY_TOKENS = {"paddleocr_vl": PADDLE_TOKENS, "hunyuan_vl": HUNYUAN_TOKENS, "idefics3": IDEFICS3_TOKENS}
 
 
 _PROSE = (
@@ -624,11 +669,28 @@ def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
             im_newline_id=tokenizer.convert_tokens_to_ids("<｜hy_newline｜>"),
             tie_word_embeddings=False,
         )
+    if family == "idefics3":
+        from transformers import Idefics3Config
+
+        llama = dict(text, model_type="llama")
+        del llama["rope_parameters"]  # plain 1-D RoPE
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)
+        return Idefics3Config(
+            text_config=llama, vision_config=vision, image_token_id=common["image_token_id"], scale_factor=2, tie_word_embeddings=False
+        )
     raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
 
 
 def _tiny_processor(family: str, tokenizer, config):
     """The family's processor with an image processor that makes 4 to 16 merged image tokens."""
+    if family == "idefics3":
+        from transformers import Idefics3Processor
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+        # One 32-pixel image, no splitting: (32 / 8)^2 patches / scale_factor^2 = 4 image tokens.
+        side = {"longest_edge": config.vision_config.image_size}
+        image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side)
+        return Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
     patch = config.vision_config.patch_size
     merged = patch * config.vision_config.spatial_merge_size
     pixels = dict(min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2)

@@ -42,7 +42,8 @@ def teacher_forced_probs(target, image, tokens):
     extra = torch.tensor([tokens])
     inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
     inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(extra)], 1)
-    inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
+    if "mm_token_type_ids" in inputs:
+        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
     with torch.inference_mode():
         logits = target.model(**inputs).logits[0].float()
     start = logits.shape[0] - len(tokens) - 1
