@@ -42,6 +42,8 @@ class TreeLayout:
 def tree_layout(parents: Sequence[int]) -> TreeLayout:
     """Ancestor mask A[i] = A[parent[i]] | e_i, and depth = rowsum(A) - 1 (Medusa/EAGLE-2 style)."""
     size = len(parents)
+    if all(parent == node - 1 for node, parent in enumerate(parents)):  # a chain: lower triangle
+        return TreeLayout(np.tril(np.ones((size, size), dtype=bool)), np.arange(size, dtype=np.int64))
     ancestors = np.zeros((size, size), dtype=bool)
     for node, parent in enumerate(parents):
         if parent >= 0:
