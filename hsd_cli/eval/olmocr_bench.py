@@ -47,7 +47,7 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
-class TestResult:
+class ScoredTest:
     test: Any  # an olmocr.bench.tests.BasePDFTest
     file: str
     score: float  # share of repeats that passed
@@ -130,7 +130,7 @@ def score(config: BenchConfig, math_mode: MathMode) -> dict[str, Any]:
         if config.baseline:
             tests = add_baseline_tests(tests, pdfs)
         results = [
-            TestResult(test, file, *run_test(test, outputs.markdown(document_key(test.pdf), test.page)))
+            ScoredTest(test, file, *run_test(test, outputs.markdown(document_key(test.pdf), test.page)))
             for test, file in tests
         ]
     report = summarise(results, config)
@@ -144,11 +144,11 @@ def score(config: BenchConfig, math_mode: MathMode) -> dict[str, Any]:
     return report
 
 
-def summarise(results: list[TestResult], config: BenchConfig) -> dict[str, Any]:
+def summarise(results: list[ScoredTest], config: BenchConfig) -> dict[str, Any]:
     _, bench_utils = import_bench()
-    by_file: dict[str, list[TestResult]] = defaultdict(list)
-    by_type: dict[str, list[TestResult]] = defaultdict(list)
-    by_pdf: dict[str, list[TestResult]] = defaultdict(list)
+    by_file: dict[str, list[ScoredTest]] = defaultdict(list)
+    by_type: dict[str, list[ScoredTest]] = defaultdict(list)
+    by_pdf: dict[str, list[ScoredTest]] = defaultdict(list)
     for result in results:
         by_file[result.file].append(result)
         by_type[result.test.type].append(result)
@@ -203,9 +203,9 @@ def bootstrap_ci(bench_utils, groups: list[list[float]], config: BenchConfig) ->
     return [float(low), float(high)]
 
 
-def _passed(group: list[TestResult]) -> int:
+def _passed(group: list[ScoredTest]) -> int:
     return sum(result.passed for result in group)
 
 
-def _pass_share(group: list[TestResult]) -> float:
+def _pass_share(group: list[ScoredTest]) -> float:
     return _passed(group) / len(group)

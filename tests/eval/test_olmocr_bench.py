@@ -194,7 +194,7 @@ def test_cli_prints_only_json_on_stdout(suite):
 
 @pytest.mark.parametrize(
     "problem",
-    ["missing-outputs", "bad-json-line", "unknown-type", "missing-tests-file"],
+    ["missing-outputs", "bad-json-line", "unknown-type", "missing-tests-file", "foreign-json-output"],
 )
 def test_bad_input_is_one_line_and_exit_2(problem, suite, tmp_path):
     tests_file, outputs = suite["tests"][0], suite["hsd"]
@@ -205,6 +205,8 @@ def test_bad_input_is_one_line_and_exit_2(problem, suite, tmp_path):
         tests_file.write_text('{"pdf": "a.pdf", \n', encoding="utf-8")
     elif problem == "unknown-type":
         tests_file = _write_tests(tmp_path / "bad.jsonl", [_test_row("sparkle", {})])
+    elif problem == "foreign-json-output":
+        (outputs / "one.json").write_text('{"pages": "not ours"}', encoding="utf-8")
     else:
         tests_file = tmp_path / "absent.jsonl"
     result = CliRunner().invoke(
