@@ -52,10 +52,6 @@ class PageImage:
     scale: float
     size_pt: tuple[float, float]
 
-    @property
-    def dpi(self) -> float:
-        return self.scale * 72.0
-
 
 @dataclass(frozen=True)
 class Block:

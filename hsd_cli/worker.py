@@ -111,6 +111,14 @@ class WorkerPool:
 
     def convert(self, task: DocumentTask, progress: ProgressSink) -> DocumentOutcome:
         started = time.monotonic()
+
+        def given_up(status: DocStatus, error: str) -> DocumentOutcome:
+            self.abort()
+            return DocumentOutcome(
+                input=str(task.doc.path), status=status, error=error, seconds=time.monotonic() - started,
+                sha256=task.sha256,
+            )
+
         doc_deadline = started + self.limits.doc_timeout if self.limits.doc_timeout else float("inf")
         lost_pages = dict(task.lost_pages)
         while True:
@@ -136,28 +144,16 @@ class WorkerPool:
                         current_page, page_deadline = None, float("inf")
                     continue
                 if now >= doc_deadline:
-                    self.abort()
-                    return DocumentOutcome(
-                        input=str(task.doc.path),
-                        status=DocStatus.TIMEOUT,
-                        error=f"stopped after --doc-timeout {self.limits.doc_timeout:g}s",
-                        seconds=now - started,
-                        sha256=task.sha256,
-                    )
+                    return given_up(DocStatus.TIMEOUT, f"stopped after --doc-timeout {self.limits.doc_timeout:g}s")
                 stalled = now >= page_deadline
                 crashed = not worker.process.is_alive()
                 if not (stalled or crashed):
                     continue
-                reason = "timeout" if stalled else f"crash (exit code {worker.process.exitcode})"
-                self.abort()
+                reason = "timeout" if stalled else "crash"
                 if current_page is None or current_page in lost_pages:
-                    return DocumentOutcome(
-                        input=str(task.doc.path),
-                        status=DocStatus.FAILED,
-                        error=f"worker {reason} outside a page",
-                        seconds=now - started,
-                        sha256=task.sha256,
-                    )
-                progress("page_lost", {"page": current_page, "reason": reason.split(" ")[0]})
-                lost_pages[current_page] = reason.split(" ")[0]
+                    detail = reason if stalled else f"crash (exit code {worker.process.exitcode})"
+                    return given_up(DocStatus.FAILED, f"worker {detail} outside a page")
+                self.abort()
+                progress("page_lost", {"page": current_page, "reason": reason})
+                lost_pages[current_page] = reason
                 break  # resend: a fresh worker resumes from the checkpoints
