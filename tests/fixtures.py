@@ -85,3 +85,17 @@ def truncated_pdf(source: Path, path: Path) -> Path:
     data = source.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path
+
+
+def pageless_pdf(path: Path) -> Path:
+    """A well-formed PDF whose page tree is empty (PyMuPDF refuses to save one, so write it)."""
+    objects = [b"<</Type/Catalog/Pages 2 0 R>>", b"<</Type/Pages/Kids[]/Count 0>>"]
+    body, offsets = b"%PDF-1.4\n", []
+    for number, obj in enumerate(objects, start=1):
+        offsets.append(len(body))
+        body += b"%d 0 obj\n" % number + obj + b"\nendobj\n"
+    xref = len(body)
+    body += b"xref\n0 3\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    body += b"trailer\n<</Size 3/Root 1 0 R>>\nstartxref\n%d\n%%%%EOF\n" % xref
+    path.write_bytes(body)
+    return path

@@ -22,6 +22,7 @@ def bad_batch(tmp_path, docs_dir):
     fixtures.encrypted_pdf(good, batch / "locked.pdf", "s3cret")
     (batch / "notes.pdf").write_text("this is a text file with a .pdf name\n")
     (batch / "zero.pdf").write_bytes(b"")
+    fixtures.pageless_pdf(batch / "empty.pdf")
     (batch / "sub").mkdir()
     (batch / "sub" / "good2.pdf").write_bytes(good.read_bytes())
     return batch
@@ -38,6 +39,7 @@ def test_bad_inputs_get_statuses_and_the_batch_goes_on(bad_batch, tmp_path):
     summary = json.loads(result.stdout)
     statuses = {name: d["status"] for name, d in _by_name(summary).items()}
     assert statuses == {
+        "empty.pdf": "corrupt",
         "good.pdf": "ok",
         "good2.pdf": "ok",
         "locked.pdf": "encrypted",
@@ -45,10 +47,10 @@ def test_bad_inputs_get_statuses_and_the_batch_goes_on(bad_batch, tmp_path):
         "truncated.pdf": "corrupt",
         "zero.pdf": "corrupt",
     }
-    assert summary["counts"]["ok"] == 2 and summary["counts"]["corrupt"] == 3
+    assert summary["counts"]["ok"] == 2 and summary["counts"]["corrupt"] == 4
     assert (out / "good.md").is_file() and (out / "sub" / "good2.json").is_file()
     assert not (out / "truncated.md").exists() and not (out / "notes.json").exists()
-    for name in ("locked.pdf", "notes.pdf", "truncated.pdf", "zero.pdf"):
+    for name in ("empty.pdf", "locked.pdf", "notes.pdf", "truncated.pdf", "zero.pdf"):
         lines = [line for line in result.stderr.splitlines() if name in line]
         assert len(lines) == 1, f"one clear line for {name}: {lines}"
     assert "Traceback" not in result.stderr
