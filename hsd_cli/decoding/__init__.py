@@ -3,12 +3,13 @@
 Knows nothing about PDFs or OCR. Typical use:
 
     target = load_target("path/or/id", device="cpu", dtype="bfloat16")
-    result = decode(target, image, prompt, drafts=["draft text", ...])
-    result.text, result.stats.tau
+    result = decode(target, image, prompt, drafts=["draft text", ...])   # match="chars" for
+    result.text, result.stats.tau                                         # drafts in other markup
+    results = decode_many(target, [(crop, prompt, [draft]), ...], batch_size=8)
 """
 
 from .hf_adapter import HFTarget, build_tiny_random, load_target
-from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, make_proposer
+from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, decode_many, make_proposer
 from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
 from .stats import DecodeStats
 from .verify import SamplingConfig, inside_tex_math, math_guard
@@ -27,6 +28,7 @@ __all__ = [
     "build_tiny_random",
     "decode",
     "decode_batch",
+    "decode_many",
     "load_target",
     "inside_tex_math",
     "make_proposer",

@@ -112,7 +112,7 @@ class QwenVLAdapter(FamilyAdapter):
 
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         image_processor = self._image_processor_class().from_pretrained(path)
-        template = _chat_template_from_dir(path) or tokenizer.chat_template
+        template = _processor_chat_template(path) or tokenizer.chat_template
         return self._processor_class()(image_processor, tokenizer, chat_template=template)
 
     def _processor_base(self) -> type:
@@ -222,9 +222,9 @@ class Idefics3Adapter(FamilyAdapter):
         from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        config_file = Path(path) / "processor_config.json"
-        settings = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        template = _chat_template_from_dir(path) or tokenizer.chat_template
+        config_file = _model_file(path, "processor_config.json")
+        settings = json.loads(config_file.read_text()) if config_file is not None else {}
+        template = _processor_chat_template(path) or tokenizer.chat_template
         return Idefics3Processor(
             Idefics3ImageProcessorPil.from_pretrained(path),
             tokenizer,
@@ -252,10 +252,19 @@ def adapter_for(model_type: str) -> FamilyAdapter:
         raise ValueError(f"model family {model_type!r} is not supported; supported: {sorted(ADAPTERS)}") from None
 
 
-def _chat_template_from_dir(path: str) -> str | None:
+def _model_file(path: str, name: str) -> Path | None:
+    """A file of a local model directory or hub repository (downloaded), or None if absent."""
+    from transformers.utils import cached_file
+
+    found = cached_file(path, name, _raise_exceptions_for_missing_entries=False)
+    return Path(found) if found else None
+
+
+def _processor_chat_template(path: str) -> str | None:
+    """The processor-level chat template (Qwen-VL repositories keep it outside the tokenizer)."""
     for name in ("chat_template.jinja", "chat_template.json"):
-        file = Path(path) / name
-        if file.is_file():
+        file = _model_file(path, name)
+        if file is not None:
             text = file.read_text()
             return json.loads(text)["chat_template"] if name.endswith(".json") else text
     return None

@@ -201,3 +201,21 @@ def decode(
     """Decode one image + prompt with a set of draft texts."""
     request = DecodeRequest(image, prompt, make_proposer(target, drafts, match, proposer_config))
     return decode_batch(target, [request], config)[0]
+
+
+def decode_many(
+    target: Target,
+    items: Sequence[tuple[Any, str, Sequence[str]]],
+    config: DecodeConfig = DecodeConfig(),
+    *,
+    match: str = "tokens",
+    proposer_config: ProposerConfig = ProposerConfig(),
+    batch_size: int = 8,
+) -> list[DecodeResult]:
+    """Decode (image, prompt, draft texts) items, e.g. region crops, `batch_size` at a time."""
+    results: list[DecodeResult] = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        requests = [DecodeRequest(im, p, make_proposer(target, drafts, match, proposer_config)) for im, p, drafts in chunk]
+        results.extend(decode_batch(target, requests, config))
+    return results

@@ -3,7 +3,7 @@
 import torch
 
 from hsd_cli.decoding.hf_adapter import load_target
-from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, is_looping
+from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, decode_many, is_looping
 from hsd_cli.decoding.proposer import DraftProposer
 from hsd_cli.decoding.verify import SamplingConfig
 
@@ -137,3 +137,16 @@ def test_bfloat16_runs(tiny_target, page_image, tmp_path):
     assert target.model.dtype == torch.bfloat16
     result = decode(target, page_image, PROMPT, ["some draft text"], GREEDY)
     assert len(result.tokens) == LENGTH and result.stop_reason == "budget"
+
+
+def test_decode_many_batches_in_chunks(tiny_target, make_image):
+    items = [(make_image(10 + i, 56 + 14 * i, 84), f"Read block {i}.", []) for i in range(3)]
+    config = DecodeConfig(max_new_tokens=30, repetition_guard=None)
+    one_by_one = [decode(tiny_target, im, p, d, config).tokens for im, p, d in items]
+    references = []
+    for im, p, _ in items:
+        inputs = tiny_target.inputs([im], [p])
+        out = tiny_target.model.generate(**inputs, max_new_tokens=30, do_sample=False)
+        references.append(out[0, inputs["input_ids"].shape[1] :].tolist())
+    chunked = [r.tokens for r in decode_many(tiny_target, items, config, batch_size=2)]
+    assert chunked == one_by_one == references
