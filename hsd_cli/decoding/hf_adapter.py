@@ -309,8 +309,9 @@ class HFTarget:
     def inputs(self, images: Sequence[Image.Image | None], prompts: Sequence[str]) -> dict:
         """Processor inputs for a batch (left padding so every row's next token is at the end)."""
         texts = [self.adapter.chat_text(self.processor, p, im is not None) for im, p in zip(images, prompts)]
-        self.tokenizer.padding_side = "left"
-        batch = self.processor(text=texts, images=self.adapter.processor_images(images), return_tensors="pt", padding=True)
+        batch = self.processor(
+            text=texts, images=self.adapter.processor_images(images), return_tensors="pt", padding=True, padding_side="left"
+        )
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     # -- decoding primitives -----------------------------------------------------------------
