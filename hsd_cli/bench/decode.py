@@ -120,10 +120,31 @@ def add_run(result: ArmResult, run: Run) -> None:
     result.outputs.append(run.tokens)
 
 
-def run_generate(target, image, prompt: str, max_new_tokens: int, **generate_kwargs) -> Run:
-    """One plain `generate` (greedy, or prompt lookup with `prompt_lookup_num_tokens`)."""
+def keyed_sampler(sampling, prompt_length: int):
+    """Plain sampling inside `generate` with our keyed draws: a logits processor that samples
+    output position t with the (seed, t) generator and leaves only that token possible."""
+    import torch
+    from transformers import LogitsProcessor
+
+    from hsd_cli.decoding.verify import keyed_gumbel, processed_probs, sample_tokens
+
+    class KeyedSampler(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            position = input_ids.shape[1] - prompt_length
+            chosen = sample_tokens(processed_probs(scores, sampling), keyed_gumbel(sampling.seed, position, scores.shape[-1]))
+            return torch.full_like(scores, float("-inf")).scatter(1, chosen[:, None].to(scores.device), 0.0)
+
+    return KeyedSampler()
+
+
+def run_generate(target, image, prompt: str, max_new_tokens: int, sampling, **generate_kwargs) -> Run:
+    """One plain `generate` (greedy or keyed sampling; prompt lookup with `prompt_lookup_num_tokens`)."""
+    from transformers import LogitsProcessorList
+
     inputs = target.inputs([image], [prompt])
     prompt_length = inputs["input_ids"].shape[1]
+    if not sampling.greedy:
+        generate_kwargs["logits_processor"] = LogitsProcessorList([keyed_sampler(sampling, prompt_length)])
     prefill_start = perf_counter()
     target.model.generate(**inputs, max_new_tokens=1, do_sample=False, **generate_kwargs)
     prefill_s = perf_counter() - prefill_start
@@ -167,17 +188,18 @@ def run_bench(
     proposer_config,
     pld_tokens: int,
     repeats: int,
+    sampling,
     progress: Callable[[str], None],
 ) -> dict:
     from hsd_cli.decoding import DecodeConfig
 
-    config = DecodeConfig(max_new_tokens=max_new_tokens, repetition_guard=None)
+    config = DecodeConfig(max_new_tokens=max_new_tokens, repetition_guard=None, sampling=sampling)
     results = {name: ArmResult() for name in ARMS}
-    run_generate(target, images[0], PROMPT, 4)  # warm-up: lazy initialisation is not timed
+    run_generate(target, images[0], PROMPT, 4, sampling)  # warm-up: lazy initialisation is not timed
 
     progress("ar")
     for image in images:
-        add_run(results["ar"], best_of(repeats, lambda: run_generate(target, image, PROMPT, max_new_tokens)))
+        add_run(results["ar"], best_of(repeats, lambda: run_generate(target, image, PROMPT, max_new_tokens, sampling)))
     if draft_texts is not None:
         drafts = [target.encode(text) for text in draft_texts]
     else:
@@ -197,8 +219,8 @@ def run_bench(
             arm_runs = {
                 "hsd": lambda: run_hsd(target, image, PROMPT, [draft], config, proposer_config),
                 "hsd_anchor": lambda: run_hsd(target, image, anchored, [draft], config, proposer_config),
-                "ar_anchor": lambda: run_generate(target, image, anchored, max_new_tokens, suppress_tokens=vision_ids),
-                "pld_anchor": lambda: run_generate(target, image, anchored, max_new_tokens, **pld),
+                "ar_anchor": lambda: run_generate(target, image, anchored, max_new_tokens, sampling, suppress_tokens=vision_ids),
+                "pld_anchor": lambda: run_generate(target, image, anchored, max_new_tokens, sampling, **pld),
             }
             add_run(results[name], best_of(repeats, arm_runs[name]))
 
@@ -259,6 +281,9 @@ def decode(
     pld_tokens: Annotated[int, typer.Option(help="prompt_lookup_num_tokens for the pld_anchor arm.")] = 10,
     seed: Annotated[int, typer.Option(help="Seed for synthetic images, draft noise and the tiny model.")] = 0,
     repeats: Annotated[int, typer.Option(help="Runs per arm and prompt; the fastest counts.")] = 1,
+    temperature: Annotated[float, typer.Option(help="0 = greedy; else keyed sampling (seeded by --seed) in every arm.")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="Sampling: keep the k most likely tokens (0 = off).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sampling: nucleus mass.")] = 1.0,
     threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
@@ -267,7 +292,7 @@ def decode(
     from PIL import Image
     from transformers.utils import logging as hf_logging
 
-    from hsd_cli.decoding import ProposerConfig, build_tiny_random, load_target
+    from hsd_cli.decoding import ProposerConfig, SamplingConfig, build_tiny_random, load_target
 
     chosen_arms = [a.strip() for a in arms.split(",") if a.strip()]
     unknown = set(chosen_arms) - set(ARMS)
@@ -293,6 +318,7 @@ def decode(
         report = run_bench(
             target, pages, chosen_arms, max_new_tokens, draft_noise, seed, draft_texts,
             ProposerConfig(chain_max=chain_max, trie_budget=trie_budget), pld_tokens, repeats,
+            SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
             progress=lambda name: print(f"running {name} ...", file=sys.stderr),
         )
     report.update(
@@ -304,6 +330,9 @@ def decode(
         draft_noise=None if drafts else draft_noise,
         threads=threads,
         repeats=repeats,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
     )
     print_table(report, f"hsd bench decode: {report['model']}, noise {draft_noise:.0%}, {len(pages)} prompts")
     if json_output:
