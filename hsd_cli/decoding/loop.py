@@ -162,6 +162,8 @@ def _drop_finished(target: Target, state: Any, sequences: list[_Sequence]) -> No
 def decode_batch(target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig()) -> list[DecodeResult]:
     """Decode several requests together; results in request order."""
     sequences = [_Sequence(r) for r in requests]
+    for request in requests:
+        request.proposer.start()
     stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
     state = _prefill(target, sequences, config, stop_ids)
     _drop_finished(target, state, sequences)

@@ -1,8 +1,9 @@
 """Draft-target matching: turn a set of drafts into a token tree to verify at each step.
 
 Proposers are small CPU objects over plain token lists; they never see a model. Each step the
-loop calls `propose(context)` (context = every token emitted so far; its last token is the root)
-and then `observe(accepted)` with the draft tokens the target accepted (bonus excluded).
+loop calls `start()` once per sequence, then each step `propose(context)` (context = every token
+emitted so far; its last token is the root) and `observe(accepted)` with the draft tokens the
+target accepted (bonus excluded).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class ProposerConfig:
 
 
 class Proposer(Protocol):
+    def start(self) -> None:
+        """Forget the per-sequence state (window, last tree) before decoding a sequence."""
+
     def propose(self, context: Sequence[int]) -> TokenTree: ...
 
     def observe(self, accepted: Sequence[int]) -> None: ...
@@ -37,6 +41,9 @@ class Proposer(Protocol):
 
 class NoDraftProposer:
     """Plain decoding: every step verifies the root alone."""
+
+    def start(self) -> None:
+        pass
 
     def propose(self, context: Sequence[int]) -> TokenTree:
         return TokenTree.chain(context[-1], ())
@@ -147,7 +154,10 @@ class DraftProposer:
         for draft_index, draft in enumerate(self.drafts):
             for position, token in enumerate(draft[:-1]):
                 self.occurrences.setdefault(token, []).append((draft_index, position))
-        self.window = config.window_min
+        self.start()
+
+    def start(self) -> None:
+        self.window = self.config.window_min
         self._ambiguous = False
         self._tree: TokenTree | None = None
         self._sources: list[Source] = []
@@ -231,6 +241,9 @@ class TextDraftProposer:
         self.max_matches = max_matches
         self.texts = [t for t in draft_texts if t]
         self.normalised = [normalise(t) for t in self.texts]
+
+    def start(self) -> None:
+        pass  # stateless between steps
 
     def _match_points(self, key: str) -> list[tuple[int, int]]:
         points = []

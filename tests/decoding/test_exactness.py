@@ -75,6 +75,9 @@ class RecordingProposer:
     def __init__(self, inner):
         self.inner, self.trees = inner, []
 
+    def start(self):
+        self.inner.start()
+
     def propose(self, context):
         self.trees.append(self.inner.propose(context))
         return self.trees[-1]

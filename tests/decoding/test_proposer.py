@@ -120,3 +120,12 @@ def test_text_proposer_several_matches_make_a_trie_and_none_a_plain_step():
     tree = proposer.propose(encode("one two "))
     assert sorted(children_of(tree, 0)) == [ord("f"), ord("t")]
     assert len(proposer.propose(encode("zzzzzz"))) == 1
+
+
+def test_start_forgets_the_previous_sequence():
+    proposer = DraftProposer([[1, 5, 6, 7, 7], [2, 5, 6, 8, 8]], ProposerConfig(window_min=2, window_max=5))
+    proposer.propose([5, 6])
+    proposer.observe([7, 7])
+    assert proposer.window == 4
+    proposer.start()
+    assert proposer.window == 2
