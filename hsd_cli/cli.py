@@ -101,6 +101,21 @@ def convert(
     model: Annotated[
         str | None, typer.Option(envvar=_env("model"), help="VLM id or local directory; without it only the draft runs.")
     ] = None,
+    device: Annotated[
+        str | None, typer.Option(envvar=_env("device"), help="cpu, cuda, cuda:N or mps (default: the best present).")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(envvar=_env("dtype"), help="float32, bfloat16 or float16 (default: per device).")
+    ] = None,
+    trust_remote_code: Annotated[
+        bool, typer.Option(envvar=_env("trust_remote_code"), help="Allow model code from the model's repository.")
+    ] = False,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(envvar=_env("max_new_tokens"), help="Token budget per page (default: per family).")
+    ] = None,
+    baseline: Annotated[
+        bool, typer.Option(envvar=_env("baseline"), help="Also decode each page plainly, to measure the speedup.")
+    ] = False,
     overwrite: Annotated[
         bool, typer.Option(envvar=_env("overwrite"), help="Convert again even what the manifest says is done.")
     ] = False,
@@ -135,6 +150,7 @@ def convert(
 ) -> None:
     """Convert documents to Markdown and JSON."""
     from hsd_cli.output.manifest import OutputLockedError
+    from hsd_cli.pipeline import vlm_options
     from hsd_cli.runner import EventLog, ExitCode, Reporter, read_files_from, run_convert
 
     console = Console(stderr=True)
@@ -160,6 +176,11 @@ def convert(
             password=password,
             stages=stages,
             model=model,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            max_new_tokens=max_new_tokens,
+            baseline=baseline,
         )
         run_config = RunConfig(
             overwrite=overwrite,
@@ -184,12 +205,17 @@ def convert(
             raise usage(f"cannot read --files-from {files_from}: {exc.strerror}") from None
     if not all_inputs:
         raise usage("no inputs", "give files, directories or globs, or --files-from FILE")
-    if model is not None:
-        reporter.error(
-            "the VLM stages are not available in this build yet",
-            "run without --model to convert with the draft pipeline",
-        )
-        raise typer.Exit(ExitCode.ENVIRONMENT)
+    options = vlm_options(convert_config)
+    if options is not None:
+        from hsd_cli.stages.vlm import ModelUnavailableError, preflight
+
+        try:
+            family = preflight(options)
+        except ModelUnavailableError as exc:
+            reporter.error(str(exc), "give a local model directory, or a hub id that is in the HF cache")
+            raise typer.Exit(ExitCode.ENVIRONMENT) from None
+        if not quiet:
+            console.print(f"VLM: {model} ({family}), stages {stages.value}", highlight=False)
 
     try:
         event_stream = sys.stdout if events == "-" else open(events, "a", encoding="utf-8") if events else None

@@ -21,8 +21,13 @@ class ImageMode(StrEnum):
 
 
 class Stages(StrEnum):
+    """How much of the hierarchy runs. auto: draft only without a model; with one, the page stage
+    plus region passes for the blocks whose pipeline draft is uncertain (OCR, tables, formulas)."""
+
     AUTO = "auto"
     DRAFT = "draft"
+    PAGE = "page"
+    REGION_PAGE = "region-page"
 
 
 class UsageError(ValueError):
@@ -43,8 +48,19 @@ class ConvertConfig:
     password: str | None = None
     stages: Stages = Stages.AUTO
     model: str | None = None
+    device: str | None = None  # None: cuda, then mps, then cpu, whichever is present
+    dtype: str | None = None  # None: bfloat16 on accelerators and for large models, per the adapter
+    trust_remote_code: bool = False
+    max_new_tokens: int | None = None  # None: the model family's setting
+    baseline: bool = False
 
     def __post_init__(self) -> None:
+        if self.stages in (Stages.PAGE, Stages.REGION_PAGE) and self.model is None:
+            raise UsageError(f"--stages {self.stages.value} needs a VLM: give --model ID|DIR")
+        if self.device not in (None, "cpu", "cuda", "mps") and not str(self.device).startswith("cuda:"):
+            raise UsageError(f"--device must be cpu, cuda, cuda:N or mps, got {self.device}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise UsageError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype}")
         if not 36 <= self.dpi <= 600:
             raise UsageError(f"--dpi must be between 36 and 600, got {self.dpi}")
         if self.max_pixels < 64 * 64:

@@ -20,14 +20,16 @@ from typing import Any
 
 import pymupdf
 
-from hsd_cli.config import ConvertConfig, ImageMode, select_pages
+from hsd_cli.config import ConvertConfig, ImageMode, Stages, select_pages
 from hsd_cli.inputs import InputDocument, OutputPaths
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import SCHEMA_VERSION, document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageImage, PageResult
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
+from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.rasterize import DocumentError, open_document, render_page
+from hsd_cli.stages.vlm import VlmOptions, VlmStages
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
@@ -63,6 +65,7 @@ class DocumentOutcome:
     sha256: str | None = None
     draft_backends: dict[str, int] = field(default_factory=dict)
     page_timings: dict[int, dict[str, float]] = field(default_factory=dict)
+    decoding: dict[str, Any] | None = None  # page-stage totals when a VLM ran
     warnings: tuple[str, ...] = ()
     note: str | None = None  # e.g. why a document was skipped
     traceback: str | None = None  # shown only with --debug
@@ -92,20 +95,48 @@ def _stall_for_tests(doc: InputDocument, page_no: int) -> None:
         time.sleep(3600)
 
 
-def convert_page(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> PageResult:
+def vlm_options(config: ConvertConfig) -> VlmOptions | None:
+    if config.model is None or config.stages is Stages.DRAFT:
+        return None
+    return VlmOptions(
+        model=config.model,
+        device=config.device,
+        dtype=config.dtype,
+        trust_remote_code=config.trust_remote_code,
+        max_new_tokens=config.max_new_tokens,
+        baseline=config.baseline,
+    )
+
+
+def region_planner(stages: Stages) -> Callable[[Block], bool]:
+    """Which blocks get a region pass. auto: only where the pipeline draft is uncertain, since a
+    born-digital text layer is already what the page stage would accept (hsd-method.md, 7)."""
+    if stages is Stages.REGION_PAGE:
+        return lambda block: True
+    if stages is Stages.PAGE:
+        return lambda block: False
+    return lambda block: block.kind in (BlockKind.TABLE, BlockKind.FORMULA) or block.source != PdfTextDraft.name
+
+
+def convert_page(
+    page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig, vlm: VlmStages | None
+) -> PageResult:
     started = time.perf_counter()
     image = render_page(page, config.dpi, config.max_pixels)
     rendered = time.perf_counter()
     draft = draft_page(backend, page)
     figures = _figure_crops(image, draft.blocks) if config.images is ImageMode.REF else ()
+    timings = {"render_s": rendered - started, "draft_s": draft.seconds}
+    if vlm is None:
+        return PageResult(
+            page_no=draft.page_no, size_pt=image.size_pt, blocks=draft.blocks, backend=draft.backend,
+            figures=figures, flags=("draft_only",), timings=timings,
+        )
+    output = vlm.page(image, draft.blocks, region_planner(config.stages))
     return PageResult(
-        page_no=draft.page_no,
-        size_pt=image.size_pt,
-        blocks=draft.blocks,
-        backend=draft.backend,
-        figures=figures,
-        flags=("draft_only",),
-        timings={"render_s": rendered - started, "draft_s": draft.seconds},
+        page_no=draft.page_no, size_pt=image.size_pt, blocks=draft.blocks, backend=draft.backend,
+        figures=figures, text=output.text, flags=output.flags, timings=timings | output.timings,
+        stats=output.stats,
     )
 
 
@@ -132,11 +163,13 @@ def _load_checkpoint(path: Path) -> PageResult | None:
         return None
 
 
-def _page_with_retries(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> tuple[PageResult, str | None]:
+def _page_with_retries(
+    page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig, vlm: VlmStages | None
+) -> tuple[PageResult, str | None]:
     error = None
     for _ in range(PAGE_ATTEMPTS):
         try:
-            return convert_page(page, backend, config), None
+            return convert_page(page, backend, config, vlm), None
         except Exception as exc:  # noqa: BLE001 - a bad page must not sink its document
             error = f"{type(exc).__name__}: {exc}"
     return failed_page(page, "error"), error
@@ -158,6 +191,8 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 DocStatus.SKIPPED, f"no page of --pages {config.pages} in this document ({pdf.page_count} pages)"
             )
         backend = make_draft_backend(config, task.doc.path.stem)
+        options = vlm_options(config)
+        vlm = VlmStages.shared(options) if options else None
         warnings = ["the PDF was damaged and has been repaired"] if pdf.is_repaired else []
         task.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         pages: list[PageResult] = []
@@ -171,7 +206,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
             if result is None:
                 emit("page_started", {"page": page_no})
                 _stall_for_tests(task.doc, page_no)
-                result, error = _page_with_retries(pdf[index], backend, config)
+                result, error = _page_with_retries(pdf[index], backend, config, vlm)
                 if error:
                     warnings.append(f"page {page_no}: {error}")
                 write_atomic(checkpoint, pickle.dumps(result))
@@ -187,7 +222,10 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
 
 def output_config(config: ConvertConfig) -> dict[str, object]:
     """The options that change output bytes (recorded in the JSON, hashed for resume)."""
-    wanted = ("pages", "dpi", "max_pixels", "draft_backend", "images", "page_markers", "stages", "model")
+    wanted = (
+        "pages", "dpi", "max_pixels", "draft_backend", "images", "page_markers", "stages", "model",
+        "dtype", "max_new_tokens",
+    )
 
     def plain(value: object) -> object:
         return value if value is None or isinstance(value, (bool, int, float)) else str(value)
@@ -238,6 +276,31 @@ def write_document(result: DocumentResult, task: DocumentTask) -> dict[str, str]
     return written
 
 
+def decoding_totals(pages: tuple[PageResult, ...] | list[PageResult]) -> dict[str, Any] | None:
+    """Page-stage forwards, tokens and tau over pages; speedup measured when --baseline ran."""
+    decoded = [p for p in pages if p.stats and "page" in p.stats]
+    if not decoded:
+        return None
+    forwards = sum(p.stats["page"]["forwards"] for p in decoded)
+    tokens = sum(p.stats["page"]["new_tokens"] for p in decoded)
+    totals: dict[str, Any] = {
+        "pages": len(decoded),
+        "forwards": forwards,
+        "new_tokens": tokens,
+        "tau": round(tokens / forwards, 3) if forwards else 0.0,
+        "page_s": round(sum(p.timings.get("page_s", 0.0) for p in decoded), 3),
+    }
+    if all("baseline_page_s" in p.timings for p in decoded):
+        baseline_s = sum(p.timings["baseline_page_s"] for p in decoded)
+        totals["baseline_page_s"] = round(baseline_s, 3)
+        totals["speedup"] = {"value": round(baseline_s / totals["page_s"], 3) if totals["page_s"] else 0.0,
+                             "kind": "measured"}
+    else:
+        # Without a plain-decoding baseline the speedup is unknown; tau bounds it from above.
+        totals["speedup"] = {"value": totals["tau"], "kind": "estimate (tau; tree forwards cost more)"}
+    return totals
+
+
 def _document_status(failures: dict[int, str], pages: int, max_rate: float) -> DocStatus:
     if not failures:
         return DocStatus.OK
@@ -284,6 +347,7 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
     for page in result.pages:
         backends[page.backend] = backends.get(page.backend, 0) + 1
     return DocumentOutcome(
+        decoding=decoding_totals(result.pages),
         input=name,
         status=status,
         error=None,

@@ -81,7 +81,8 @@ class PageResult:
     blocks: tuple[Block, ...]
     backend: str
     figures: tuple[tuple[str, Image.Image], ...] = ()  # (block id, crop) for figures
-    flags: tuple[str, ...] = ()  # e.g. "draft_only", "fallback"
+    text: str | None = None  # the VLM's page output; None = the draft blocks are the text
+    flags: tuple[str, ...] = ()  # e.g. "draft_only", "vlm", "fallback"
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] | None = None
 

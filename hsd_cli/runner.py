@@ -106,6 +106,10 @@ class Reporter:
         elif not self.quiet:
             backends = ", ".join(f"{name} x{count}" for name, count in sorted(outcome.draft_backends.items()))
             detail = f"{outcome.pages} pages, {outcome.seconds:.1f}s, draft: {backends}" if outcome.pages else outcome.note
+            if outcome.decoding:
+                speedup = outcome.decoding["speedup"]
+                unit = "x" if speedup["kind"] == "measured" else "x est."
+                detail += f", tau {outcome.decoding['tau']:.2f}, speedup {speedup['value']:.2f}{unit}"
             self.console.print(f"{label} {outcome.input} ({detail})", highlight=False, soft_wrap=True)
         for warning in outcome.warnings:
             self.warn(f"{outcome.input}: {warning}")
@@ -115,15 +119,21 @@ class Reporter:
             return
         table = Table(title="hsd convert", title_justify="left")
         counts = {status: n for status, n in summary["counts"].items() if n}
-        for column in ("documents", *counts, "pages", "seconds", "pages/s"):
+        decoding = summary["decoding"]
+        extra = ("tau", "speedup") if decoding else ()
+        for column in ("documents", *counts, "pages", "seconds", "pages/s", *extra):
             table.add_column(column, justify="right", no_wrap=True)
-        table.add_row(
+        cells = [
             str(len(summary["documents"])),
             *(str(n) for n in counts.values()),
             str(summary["pages"]),
             f"{summary['seconds']:.1f}",
             f"{summary['pages_per_second']:.2f}",
-        )
+        ]
+        if decoding:
+            speedup = decoding["speedup"]
+            cells += [f"{decoding['tau']:.2f}", f"{speedup['value']:.2f}x" + ("" if speedup["kind"] == "measured" else " est.")]
+        table.add_row(*cells)
         self.console.print(table)
 
 
@@ -165,7 +175,7 @@ def _manifest_record(
             "seconds": round(outcome.seconds, 3),
             "pages": {str(n): {k: round(v, 4) for k, v in t.items()} for n, t in outcome.page_timings.items()},
         },
-        "stats": {"draft_backends": outcome.draft_backends},
+        "stats": {"draft_backends": outcome.draft_backends, "decoding": outcome.decoding},
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -269,6 +279,27 @@ def run_convert(
     return code, summary
 
 
+def _decoding_summary(per_document: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not per_document:
+        return None
+    forwards = sum(d["forwards"] for d in per_document)
+    tokens = sum(d["new_tokens"] for d in per_document)
+    page_s = sum(d["page_s"] for d in per_document)
+    summary: dict[str, Any] = {
+        "pages": sum(d["pages"] for d in per_document),
+        "forwards": forwards,
+        "new_tokens": tokens,
+        "tau": round(tokens / forwards, 3) if forwards else 0.0,
+        "page_s": round(page_s, 3),
+    }
+    if all("baseline_page_s" in d for d in per_document):
+        baseline_s = sum(d["baseline_page_s"] for d in per_document)
+        summary["speedup"] = {"value": round(baseline_s / page_s, 3) if page_s else 0.0, "kind": "measured"}
+    else:
+        summary["speedup"] = {"value": summary["tau"], "kind": "estimate (tau; tree forwards cost more)"}
+    return summary
+
+
 def _summary(
     outcomes: list[DocumentOutcome], started: float, code: ExitCode, config: ConvertConfig
 ) -> dict[str, Any]:
@@ -276,6 +307,7 @@ def _summary(
     pages = sum(outcome.pages for outcome in outcomes if not outcome.status.is_failure)
     counts = Counter(outcome.status.value for outcome in outcomes)
     return {
+        "decoding": _decoding_summary([o.decoding for o in outcomes if o.decoding]),
         "hsd_version": __version__,
         "exit_code": int(code),
         "output_dir": str(config.output_dir),
@@ -298,6 +330,7 @@ def _summary(
                 "outputs": outcome.outputs,
                 "warnings": list(outcome.warnings),
                 "note": outcome.note,
+                "decoding": outcome.decoding,
             }
             for outcome in outcomes
         ],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import queue
 import signal
 import sys
@@ -35,6 +36,7 @@ def _die_with_parent() -> None:
 
 def _worker_main(tasks: Any, events: Any) -> None:
     _die_with_parent()
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no weight-loading bars in batch logs
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     def emit(name: str, payload: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str 
         "origin": "top-left",
         "draft_backend": page.backend,
         "flags": list(page.flags),
+        "text_source": "model" if page.text is not None else "draft",
         "markdown": markdown,
         "blocks": [block_json(b, image_ref(b)) for b in page.blocks],
         # Counts only: wall-clock timings live in the run manifest, so identical runs give identical bytes.

@@ -24,6 +24,8 @@ def block_markdown(block: Block, image_ref: str | None) -> str:
 
 
 def page_markdown(page: PageResult, image_ref: Callable[[Block], str | None]) -> str:
+    if page.text is not None:
+        return page.text  # the VLM's page output is the answer; the draft blocks were its drafts
     out: list[str] = []
     previous: BlockKind | None = None
     for block in page.blocks:

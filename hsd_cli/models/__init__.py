@@ -1,0 +1,1 @@
+"""Model-family settings (prompts, draft matching) and model lookup."""

@@ -1,0 +1,171 @@
+"""The VLM stages: regions (each block's crop, verifying its pipeline draft) and the page
+(verifying the region outputs). Only the page output reaches the user; region outputs are drafts.
+
+Knows nothing about trees: it hands images, prompts and draft texts to the decoding core.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from PIL import Image
+
+from hsd_cli.decoding import DecodeConfig, DecodeResult, DecodeStats, decode, decode_many, load_target
+from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
+from hsd_cli.records import Block, BlockKind, PageImage
+
+# Blocks that are not worth a region pass: furniture is not in the page output, figures have no text.
+_NO_REGION = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER, BlockKind.FIGURE}
+REGION_BATCH = 8
+
+
+@dataclass(frozen=True)
+class VlmOptions:
+    model: str
+    device: str | None = None
+    dtype: str | None = None
+    trust_remote_code: bool = False
+    max_new_tokens: int | None = None  # None: the family's setting
+    baseline: bool = False  # also decode plainly, to measure the speedup
+
+
+@dataclass(frozen=True)
+class VlmPageOutput:
+    text: str | None  # None when the model output was unusable (the draft stands in)
+    flags: tuple[str, ...]
+    stats: dict[str, Any]  # counts: deterministic for a given model and input
+    timings: dict[str, float]  # seconds: go to the manifest
+
+
+class ModelUnavailableError(RuntimeError):
+    """The model or the device cannot be used; raised before any work (exit code 4)."""
+
+
+def preflight(options: VlmOptions) -> str:
+    """Check, without loading weights, that the model resolves and the device exists; returns
+    the model family (`model_type`)."""
+    import torch
+
+    device = options.device or ""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelUnavailableError(f"--device {device}: no CUDA device is available to this torch")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelUnavailableError("--device mps: MPS is not available")
+    try:
+        return model_type_of(options.model)
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelUnavailableError(f"cannot load model {options.model!r}: {first_line}") from None
+
+
+class VlmStages:
+    """One loaded model, reused for every page a worker converts."""
+
+    @staticmethod
+    @cache
+    def shared(options: VlmOptions) -> VlmStages:
+        """The worker's instance for these options: the model loads once per worker process."""
+        return VlmStages(options)
+
+    def __init__(self, options: VlmOptions) -> None:
+        self.options = options
+        self.target = load_target(
+            options.model, device=options.device, dtype=options.dtype, trust_remote_code=options.trust_remote_code
+        )
+        self.settings: ModelSettings = settings_for(self.target.model.config.model_type)
+        budget = options.max_new_tokens or self.settings.max_new_tokens
+        self.decode_config = DecodeConfig(max_new_tokens=budget)
+
+    def _crop(self, image: PageImage, block: Block) -> Image.Image | None:
+        pad = self.settings.region_padding_px
+        x0, y0, x1, y1 = (v * image.scale for v in block.bbox)
+        box = (max(0, round(x0) - pad), max(0, round(y0) - pad),
+               min(image.image.width, round(x1) + pad), min(image.image.height, round(y1) + pad))
+        if box[2] - box[0] < 8 or box[3] - box[1] < 8:
+            return None
+        return image.image.crop(box)
+
+    def page_drafts(
+        self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]
+    ) -> tuple[list[str], list[DecodeResult]]:
+        """One draft per text block in reading order: its region output where a region pass runs,
+        else its pipeline text. Region crops are decoded in batches, each verifying its block."""
+        drafts: list[str] = []
+        items, slots = [], []
+        for block in blocks:
+            if block.kind in _NO_REGION or not block.text:
+                continue
+            crop = self._crop(image, block) if wants_region(block) else None
+            if crop is not None:
+                items.append((crop, self.settings.region_prompt, [block.text]))
+                slots.append(len(drafts))
+            drafts.append(block.text)
+        results = decode_many(
+            self.target, items, self.decode_config, match=self.settings.draft_match, batch_size=REGION_BATCH
+        )
+        for slot, result in zip(slots, results, strict=True):
+            # A looping region is cut and its pipeline draft stands in for it.
+            if result.stop_reason != "repetition" and result.text.strip():
+                drafts[slot] = result.text
+        return drafts, results
+
+    def page(
+        self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]
+    ) -> VlmPageOutput:
+        started = time.perf_counter()
+        drafts, region_results = self.page_drafts(image, blocks, wants_region)
+        regions_done = time.perf_counter()
+        result = decode(
+            self.target, image.image, self.settings.page_prompt, drafts, self.decode_config,
+            match=self.settings.draft_match,
+        )
+        page_done = time.perf_counter()
+        timings = {"region_s": regions_done - started, "page_s": page_done - regions_done,
+                   "prefill_s": result.stats.prefill_s}
+        baseline = None
+        if self.options.baseline:
+            plain = decode(self.target, image.image, self.settings.page_prompt, [], self.decode_config)
+            timings["baseline_page_s"] = time.perf_counter() - page_done
+            # Exact in fp32; in bf16 a near-tie can flip, so report where instead of asserting.
+            divergence = next(
+                (i for i, (a, b) in enumerate(zip(plain.tokens, result.tokens)) if a != b),
+                None if len(plain.tokens) == len(result.tokens) else min(len(plain.tokens), len(result.tokens)),
+            )
+            baseline = {"identical": divergence is None, "first_divergence": divergence,
+                        "forwards": plain.stats.forwards}
+        flags: tuple[str, ...] = ("vlm",)
+        text: str | None = result.text.strip()
+        if result.stop_reason == "repetition" or not text:
+            flags += ("fallback", "repetition" if result.stop_reason == "repetition" else "empty")
+            text = None
+        elif result.stop_reason == "budget":
+            flags += ("truncated",)
+        stats: dict[str, Any] = {"page": _counts(result.stats), "stop_reason": result.stop_reason}
+        if region_results:
+            stats["regions"] = _region_counts(region_results)
+        if baseline is not None:
+            stats["baseline"] = baseline
+        return VlmPageOutput(text=text, flags=flags, stats=stats, timings=timings)
+
+
+def _counts(stats: DecodeStats) -> dict[str, Any]:
+    """The deterministic part of the statistics (no seconds)."""
+    return {key: value for key, value in stats.as_dict().items() if not key.endswith("_s")}
+
+
+def _region_counts(results: list[DecodeResult]) -> dict[str, Any]:
+    """Totals over a page's regions. Forward passes are shared by a batch, so none are summed."""
+    proposed = sum(r.stats.proposed for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    return {
+        "count": len(results),
+        "new_tokens": sum(r.stats.new_tokens for r in results),
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
+        "looped": sum(r.stop_reason == "repetition" for r in results),
+    }

@@ -1,0 +1,55 @@
+"""The VLM stages inside `hsd convert`, on a tiny random Qwen2.5-VL built by the test."""
+
+import json
+
+import pytest
+
+from hsd_cli.decoding import build_tiny_random
+from tests.conftest import run_hsd
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_random("qwen2_5_vl", tmp_path_factory.mktemp("tiny_qwen2_5_vl"))
+
+
+@pytest.mark.parametrize("stages", ["page", "region-page"])
+def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_model, docs_dir, tmp_path):
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", stages,
+        "--pages", "1", "--max-new-tokens", "24", "--baseline", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
+    assert page["text_source"] == "model" and "vlm" in page["flags"]
+    assert page["stats"]["baseline"]["identical"], "speculative output must equal plain decoding"
+    assert page["stats"]["page"]["new_tokens"] == 24 and page["stats"]["stop_reason"] == "budget"
+    assert "truncated" in page["flags"]
+    assert ("regions" in page["stats"]) == (stages == "region-page")
+    assert page["blocks"] and all(b["source"] == "pdf-text" for b in page["blocks"]), "drafts stay in the JSON"
+    assert (tmp_path / "report.md").read_text().strip() == page["markdown"]
+    decoding = json.loads(result.stdout)["decoding"]
+    assert decoding["pages"] == 1 and decoding["speedup"]["kind"] == "measured"
+
+
+def test_auto_stages_run_regions_only_for_uncertain_blocks(tiny_model, docs_dir, tmp_path):
+    result = run_hsd(
+        "convert", docs_dir, "-o", tmp_path, "--model", tiny_model, "--max-new-tokens", "8", "--pages", "1", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    born_digital = json.loads((tmp_path / "report.json").read_text())["pages"][0]["stats"]
+    scanned = json.loads((tmp_path / "scan.json").read_text())["pages"][0]["stats"]
+    assert "regions" not in born_digital, "a text-layer page needs no region pass"
+    assert scanned["regions"]["count"] >= 1, "OCR'd blocks get region passes"
+    assert json.loads(result.stdout)["decoding"]["speedup"]["kind"].startswith("estimate")
+
+
+def test_missing_model_is_an_environment_error(docs_dir, tmp_path):
+    result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tmp_path / "no-such-model")
+    assert result.exit_code == 4
+    assert "cannot load model" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_vlm_stages_without_a_model_are_a_usage_error(docs_dir, tmp_path):
+    assert run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, "--stages", "page").exit_code == 2
