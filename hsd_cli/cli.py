@@ -239,6 +239,43 @@ def convert(
     raise typer.Exit(code)
 
 
+@app.command()
+def models(
+    json: Annotated[bool, typer.Option("--json", help="Print the list as JSON on stdout.")] = False,
+) -> None:
+    """List the model families hsd has settings for, their known models and whether each is present."""
+    import os
+
+    from hsd_cli.models.settings import CONFIG_DIR, all_settings, locate_model
+
+    families = [
+        {
+            "family": settings.family,
+            "description": settings.description,
+            "models": [{"id": model_id, "path": locate_model(model_id)} for model_id in settings.known_ids],
+        }
+        for settings in all_settings()
+    ]
+    where = {
+        "settings": str(CONFIG_DIR),
+        "hf_home": os.environ.get("HF_HOME", "~/.cache/huggingface"),
+        "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0"),
+    }
+    if json:
+        sys.stdout.write(json_lib.dumps({"families": families, "looked_in": where}) + "\n")
+        return
+    table = Table(title="VLM families (local directories work for any of them: --model DIR)", title_justify="left")
+    for column in ("family", "model", "present"):
+        table.add_column(column)
+    for family in families:
+        rows = family["models"] or [{"id": "(any local directory)", "path": None}]
+        for row in rows:
+            table.add_row(family["family"], row["id"], row["path"] or "no")
+    console = Console()
+    console.print(table)
+    console.print(f"settings from {where['settings']}; HF cache under {where['hf_home']}", highlight=False)
+
+
 @config_app.command(
     "show", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 )

@@ -46,3 +46,14 @@ def model_type_of(model: str) -> str:
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(model, local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1").model_type
+
+
+def locate_model(model: str) -> str | None:
+    """Where a model is on this machine: a local directory, or the HF cache ($HF_HOME honoured)."""
+    path = Path(model)
+    if path.is_dir():
+        return str(path.resolve()) if (path / "config.json").is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    hit = try_to_load_from_cache(model, "config.json")
+    return str(Path(hit).parent) if isinstance(hit, str) else None
