@@ -22,6 +22,7 @@ class ProposerConfig:
     window_max: int = 10
     chain_max: int = 32  # acceptance rarely runs past a few dozen tokens
     trie_depth: int = 15
+    trie_continuations: int = 16  # best-matching occurrences put in a trie (bounds the cost on long drafts)
     trie_budget: int = 40  # draft nodes per trie; CPU forwards grow with width, so keep it small
     # Tries shrink towards `trie_budget_min` while they keep failing (every node costs compute
     # and wrong ones buy nothing): budget = min + (max - min) * recent share of trie steps
@@ -180,7 +181,8 @@ class DraftProposer:
             self._sources = [(draft, position + i) for i in range(len(chain) + 1)]
             return self._tree
         depth = self.config.trie_depth
-        continuations = [Continuation(self.drafts[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in scored]
+        best = sorted(scored, key=lambda item: -item[2])[: self.config.trie_continuations]
+        continuations = [Continuation(self.drafts[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
         if self._stop is not None:
             draft, position = self._stop
             chain_max, rank = self.config.chain_max, limit + 1

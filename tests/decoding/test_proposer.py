@@ -129,3 +129,12 @@ def test_start_forgets_the_previous_sequence():
     assert proposer.window == 4
     proposer.start()
     assert proposer.window == 2
+
+
+def test_trie_keeps_only_the_best_matching_occurrences():
+    # Token 0 occurs 31 times; only the occurrence after 9 matches more context ("9 0"), and
+    # no occurrence matches the whole 3-token window, so a trie is built.
+    draft = [p for i in range(30) for p in (50 + i, 0, 100 + i)] + [8, 9, 0, 777]
+    tree = DraftProposer([draft], ProposerConfig(trie_continuations=4, trie_budget=40)).propose([7, 9, 0])
+    assert tree.tokens[1] == 777  # ranked first
+    assert len(children_of(tree, 0)) == 4
