@@ -27,3 +27,14 @@ def test_bench_decode_sampling_arms_match_plain_sampling():
     result = CliRunner().invoke(bench_app, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["arms"]["hsd"]["identical_to_ar"] is True
+
+
+def test_bench_decode_with_given_draft_texts(tmp_path):
+    drafts = tmp_path / "drafts.json"
+    drafts.write_text(json.dumps(["The quick brown fox jumps over the lazy dog."]))
+    args = ["decode", "--tiny-random", "qwen2_5_vl", "--prompts", "1", "--max-new-tokens", "30",
+            "--arms", "ar,hsd", "--drafts", str(drafts), "--json"]
+    result = CliRunner().invoke(bench_app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["arms"]["hsd"]["identical_to_ar"] is True and report["draft_noise"] is None
