@@ -161,6 +161,8 @@ def _drop_finished(target: Target, state: Any, sequences: list[_Sequence]) -> No
 
 def decode_batch(target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig()) -> list[DecodeResult]:
     """Decode several requests together; results in request order."""
+    if not requests:
+        return []
     sequences = [_Sequence(r) for r in requests]
     for request in requests:
         request.proposer.start()
