@@ -1,0 +1,123 @@
+"""Replay models: small Qwen2.5-VL models trained to reproduce a real OCR VLM's published
+outputs on known pages, so speculative decoding can be measured on realistic model output here.
+
+    hsd replay-model build --outputs DIR --inputs DIR [-o MODEL_DIR | --name NAME]
+    hsd replay-model eval MODEL_DIR|NAME --json
+
+The pipeline can call `replay_fingerprint_check(model_dir, page_image)` to warn when a replay
+model is given a page it was not built on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from hsd_cli.replay.fingerprint import replay_fingerprint_check
+
+__all__ = ["replay_app", "replay_fingerprint_check"]
+
+replay_app = typer.Typer(
+    help="Build and evaluate replay models (benchmark stand-ins for real OCR VLMs).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # one message, one line
+
+
+def _fail(message: str) -> None:
+    _stderr.print(f"error: {message}", markup=False)
+    raise typer.Exit(2)
+
+
+def _resolve_model_dir(model: str) -> Path:
+    """A directory, or the name of a replay model in the user cache."""
+    from hsd_cli.replay.build import default_model_dir
+
+    path = Path(model)
+    if not path.is_dir() and not Path(model).parent.parts:
+        path = default_model_dir(model)
+    if not (path / "replay.json").is_file() or not (path / "config.json").is_file():
+        _fail(f"{model}: not a finished replay model directory (no replay.json and config.json)")
+    return path
+
+
+@replay_app.command("build")
+def build_command(
+    outputs: Annotated[Path, typer.Option("--outputs", help="Published outputs: <stem>_pg<N>_repeat<K>.md or <stem>.md.")],
+    inputs: Annotated[Path, typer.Option("--inputs", help="The PDFs or page images the outputs were made from.")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Model directory [default: $XDG_CACHE_HOME/hsd/replay/NAME].")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Model name [default: <outputs dir>-replay].")] = None,
+    description: Annotated[str, typer.Option("--description", help="What the outputs are, for the model card.")] = (
+        "published outputs of an OCR system"
+    ),
+    licence: Annotated[str, typer.Option("--licence", help="Licence of the outputs and documents, for the model card.")] = (
+        "unspecified: check the source's terms"
+    ),
+    seed: Annotated[int, typer.Option("--seed", help="Seed of initialisation and batch order.")] = 0,
+    minutes: Annotated[float, typer.Option("--minutes", help="Training time limit over all resumed runs.")] = 120.0,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training step limit.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the build in the model directory.")] = False,
+    shape: Annotated[str, typer.Option("--shape", help="default (6.3 M parameters) or tiny (tests).")] = "default",
+    json_output: Annotated[bool, typer.Option("--json", help="Print the build record as JSON on stdout.")] = False,
+) -> None:
+    """Train a replay model on pages and their published outputs (takes ~1-2 h for ~25 pages)."""
+    from hsd_cli.replay.build import BuildRequest, build, default_model_dir
+    from hsd_cli.replay.dataset import ReplayInputError
+    from hsd_cli.replay.model import TINY_SHAPE, ReplayShape
+    from hsd_cli.replay.train import TrainConfig
+
+    for label, path in (("--outputs", outputs), ("--inputs", inputs)):
+        if not path.is_dir():
+            _fail(f"{label} {path}: not a directory")
+    if shape not in ("default", "tiny"):
+        _fail(f"--shape must be default or tiny, got {shape}")
+    if minutes <= 0 or (steps is not None and steps <= 0):
+        _fail("--minutes and --steps must be positive")
+    name = name or f"{outputs.resolve().name}-replay"
+    model_dir = output or default_model_dir(name)
+    request = BuildRequest(
+        outputs_dir=outputs.resolve(), inputs_dir=inputs.resolve(), model_dir=model_dir, name=name,
+        description=description, licence=licence, shape=TINY_SHAPE if shape == "tiny" else ReplayShape(),
+        train=TrainConfig(seed=seed, max_minutes=minutes, max_steps=steps), resume=resume,
+    )
+    _stderr.print(f"building replay model {name} in {model_dir}")
+    try:
+        record = build(request, log=lambda message: _stderr.print(message, markup=False))
+    except (ReplayInputError, ValueError) as exc:
+        _fail(str(exc))
+    scores = record.get("eval", {})
+    _stderr.print(
+        f"done in {record['build_seconds'] / 60:.1f} min: page accuracy {scores.get('page_char_accuracy')}, "
+        f"crop accuracy {scores.get('crop_char_accuracy')}; card: {model_dir / 'README.md'}"
+    )
+    if json_output:
+        summary = {k: record[k] for k in ("name", "parameters", "training", "build_seconds", "eval") if k in record}
+        sys.stdout.write(json.dumps({"model_dir": str(model_dir), **summary}) + "\n")
+
+
+@replay_app.command("eval")
+def eval_command(
+    model: Annotated[str, typer.Argument(help="Replay model directory or name in the user cache.")],
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32 or bfloat16 [default: as hsd convert].")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the scores as JSON on stdout.")] = False,
+) -> None:
+    """Greedy-decode every page and crop of a replay model and score it against the targets."""
+    from hsd_cli.replay.evaluate import evaluate
+
+    if dtype not in (None, "float32", "bfloat16"):
+        _fail(f"--dtype must be float32 or bfloat16, got {dtype}")
+    scores = evaluate(_resolve_model_dir(model), dtype=dtype)
+    if json_output:
+        sys.stdout.write(json.dumps(scores) + "\n")
+    else:
+        for key, value in scores.items():
+            _stderr.print(f"{key}: {value}")

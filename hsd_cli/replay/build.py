@@ -1,0 +1,126 @@
+"""`hsd replay-model build`: pair pages with outputs, prepare examples, train, save, evaluate,
+write the card. Every stage's product lives in the model directory, so `--resume` skips what is
+done and continues training from the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hsd_cli.config import ConvertConfig
+from hsd_cli.models.settings import settings_for
+from hsd_cli.replay.card import model_card
+from hsd_cli.replay.dataset import DATA_DIR, ReplayInputError, load_examples, load_image, pair_pages, prepare
+from hsd_cli.replay.evaluate import evaluate
+from hsd_cli.replay.fingerprint import REPLAY_FILE
+from hsd_cli.replay.model import FAMILY, ReplayShape, build_processor, new_model, parameter_count, save_model_dir, train_tokenizer
+from hsd_cli.replay.train import CHECKPOINT_FILE, TrainConfig, encode_examples, train
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    outputs_dir: Path
+    inputs_dir: Path
+    model_dir: Path
+    name: str
+    description: str = "published outputs of an OCR system"
+    licence: str = "unspecified: check the source's terms"
+    shape: ReplayShape = ReplayShape()
+    train: TrainConfig = TrainConfig()
+    resume: bool = False
+    evaluate: bool = True
+
+
+def default_model_dir(name: str) -> Path:
+    """Replay models are built into the user cache, never into the repository."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "hsd" / "replay" / name
+
+
+def _write_json(path: Path, data: dict) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _started_record(request: BuildRequest, log) -> dict:
+    """Pairs pages, prepares the examples and writes the first replay.json (no results yet)."""
+    pairs, unmatched = pair_pages(request.outputs_dir, request.inputs_dir)
+    for name in unmatched:
+        log(f"skipped {name}: no single document for it under {request.inputs_dir}")
+    if not pairs:
+        raise ReplayInputError(f"no output under {request.outputs_dir} has a document under {request.inputs_dir}")
+    settings = settings_for(FAMILY)
+    _, prints = prepare(pairs, request.inputs_dir, request.model_dir / DATA_DIR, settings.region_padding_px, log)
+    defaults = ConvertConfig(output_dir=request.model_dir)
+    return {
+        "format": 1,
+        "name": request.name,
+        "family": FAMILY,
+        "source": {
+            "outputs": str(request.outputs_dir),
+            "inputs": str(request.inputs_dir),
+            "description": request.description,
+            "licence": request.licence,
+        },
+        "render": {"dpi": defaults.dpi, "max_pixels": defaults.max_pixels},
+        "shape": asdict(request.shape),
+        "train_config": asdict(request.train),
+        "fingerprints": [asdict(p) for p in prints],
+        "build_host": f"{platform.machine()} {os.cpu_count()} CPUs",
+    }
+
+
+def build(request: BuildRequest, log=lambda message: None) -> dict:
+    """Build (or with `resume`, continue) a replay model; returns its replay.json record."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    started = time.perf_counter()
+    model_dir = request.model_dir
+    record_file = model_dir / REPLAY_FILE
+    if request.resume and record_file.is_file():
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+        shape = ReplayShape(**record["shape"])
+        record["train_config"] = asdict(request.train)
+        log(f"resuming the build in {model_dir}")
+    else:
+        if model_dir.exists() and any(model_dir.iterdir()) and not request.resume:
+            raise ReplayInputError(f"{model_dir} is not empty: give --resume to continue that build, or remove it")
+        model_dir.mkdir(parents=True, exist_ok=True)
+        record = _started_record(request, log)
+        shape = request.shape
+        _write_json(record_file, record)
+    data_dir = model_dir / DATA_DIR
+    examples = load_examples(data_dir)
+    settings = settings_for(FAMILY)
+    if request.resume and (model_dir / "tokenizer.json").is_file():
+        from hsd_cli.decoding.hf_adapter import adapter_for
+
+        processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
+    else:
+        pages = [e.target for e in examples if e.kind == "page"]
+        tokenizer = train_tokenizer([*pages, settings.page_prompt, settings.region_prompt], shape.vocab_size)
+        processor = build_processor(shape, tokenizer)
+        processor.save_pretrained(model_dir)
+    prompts = {"page": settings.page_prompt, "crop": settings.region_prompt}
+    encoded = encode_examples(processor, [(load_image(data_dir, e), prompts[e.kind], e.target) for e in examples])
+    model = new_model(shape, processor.tokenizer, request.train.seed)
+    log(f"{len(examples)} examples ({sum(e.kind == 'page' for e in examples)} pages), "
+        f"{parameter_count(model):,} parameters, {sum(x.length for x in encoded):,} tokens per epoch")
+    report = train(model, encoded, processor.tokenizer.pad_token_id, request.train,
+                   model_dir / CHECKPOINT_FILE, request.resume, log)
+    save_model_dir(model, processor, model_dir)
+    record.update(parameters=parameter_count(model), vocab_size=len(processor.tokenizer), training=asdict(report))
+    if request.evaluate:
+        log("evaluating (greedy decoding of every page and crop)")
+        record["eval"] = evaluate(model_dir)
+    # Wall time of the finished runs of this build (a killed run's training time is in `training`).
+    record["build_seconds"] = round(record.get("build_seconds", 0.0) + time.perf_counter() - started, 1)
+    _write_json(record_file, record)
+    (model_dir / "README.md").write_text(model_card(record), encoding="utf-8")
+    return record

@@ -1,0 +1,175 @@
+"""A scaled-down Qwen2.5-VL with its own tokenizer and the family's real processor.
+
+Same architecture, processor classes, chat template and special tokens as the real family, so
+`load_target` and `hsd convert --model` treat a replay model like any Qwen2.5-VL directory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, adapter_for
+
+FAMILY = "qwen2_5_vl"
+PATCH = 14
+MERGE = 2
+TOKEN_PIXELS = (PATCH * MERGE) ** 2  # pixels per merged image token
+
+
+@dataclass(frozen=True)
+class ReplayShape:
+    """Model and tokenizer sizes. The default is the 6.7 M-parameter shape that memorised pages
+    here (engineering notes); `TINY_SHAPE` is for tests."""
+
+    vocab_size: int = 4096
+    text_layers: int = 4
+    text_width: int = 256
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_ffn: int = 768
+    vision_depth: int = 4
+    vision_width: int = 192
+    vision_heads: int = 3
+    vision_ffn: int = 384
+    # The processor downscales pages (and large crops) to at most this many merged image tokens:
+    # enough to tell pages apart, cheap enough to train on this CPU.
+    max_image_tokens: int = 200
+    min_image_tokens: int = 4
+
+
+TINY_SHAPE = ReplayShape(
+    vocab_size=600, text_layers=1, text_width=64, text_heads=2, text_kv_heads=1, text_ffn=128,
+    vision_depth=1, vision_width=32, vision_heads=2, vision_ffn=64, max_image_tokens=16,
+)
+
+
+def _general_text() -> list[str]:
+    """Offline general text so drafts that differ from the targets still tokenize sensibly."""
+    import argparse
+    import collections
+    import difflib
+    import string
+    import textwrap
+
+    modules = (argparse, collections, difflib, string, textwrap, json)
+    texts = [m.__doc__ or "" for m in modules] + [str.__doc__, list.__doc__, dict.__doc__]
+    return [*texts, " ".join(str(n) for n in range(0, 2000, 7))]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """Byte-level BPE (every byte is a token, so any text encodes) trained on `texts` plus
+    general text, with Qwen's chat and vision special tokens (as `build_tiny_tokenizer` does)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = QWEN_TOKENS
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,  # no merges for one-off strings: keeps the tokenizer general
+        special_tokens=tokens.all,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator([*texts, *_general_text()], trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=tokens.eos,
+        pad_token=tokens.pad,
+        extra_special_tokens={
+            "image_token": tokens.image,
+            "video_token": tokens.video,
+            "image_start_token": tokens.vision_start,
+            "image_end_token": tokens.vision_end,
+        },
+        additional_special_tokens=[t for t in tokens.all if t not in (tokens.eos, tokens.pad)],
+    )
+    tokenizer.chat_template = tokens.chat_template
+    return tokenizer
+
+
+def model_config(shape: ReplayShape, tokenizer):
+    from transformers import Qwen2_5_VLConfig
+
+    head_dim = shape.text_width // shape.text_heads
+    rotary = head_dim // 2  # frequencies, split over the (temporal, height, width) MRoPE axes
+    section = [rotary - 2 * (3 * rotary // 8), 3 * rotary // 8, 3 * rotary // 8]
+    ids = tokenizer.convert_tokens_to_ids
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.text_width,
+        intermediate_size=shape.text_ffn,
+        num_hidden_layers=shape.text_layers,
+        num_attention_heads=shape.text_heads,
+        num_key_value_heads=shape.text_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
+        bos_token_id=ids(QWEN_TOKENS.pad),
+        eos_token_id=ids(QWEN_TOKENS.eos),
+        pad_token_id=ids(QWEN_TOKENS.pad),
+    )
+    vision = dict(
+        depth=shape.vision_depth,
+        hidden_size=shape.vision_width,
+        intermediate_size=shape.vision_ffn,
+        num_heads=shape.vision_heads,
+        out_hidden_size=shape.text_width,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=2,
+        window_size=112,
+        # Every block attends over the whole image: pages differ anywhere, not within windows.
+        fullatt_block_indexes=list(range(shape.vision_depth)),
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids(QWEN_TOKENS.image),
+        video_token_id=ids(QWEN_TOKENS.video),
+        vision_start_token_id=ids(QWEN_TOKENS.vision_start),
+        vision_end_token_id=ids(QWEN_TOKENS.vision_end),
+        tie_word_embeddings=False,
+    )
+
+
+def build_processor(shape: ReplayShape, tokenizer):
+    """The family's image-only processor (PIL backend) with the replay model's pixel limits."""
+    adapter = adapter_for(FAMILY)
+    image_processor = adapter._image_processor_class()(
+        patch_size=PATCH,
+        merge_size=MERGE,
+        min_pixels=shape.min_image_tokens * TOKEN_PIXELS,
+        max_pixels=shape.max_image_tokens * TOKEN_PIXELS,
+    )
+    return adapter._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+
+
+def new_model(shape: ReplayShape, tokenizer, seed: int):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    config = model_config(shape, tokenizer)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    return model
+
+
+def parameter_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_model_dir(model, processor, model_dir: Path) -> None:
+    """Weights, config, tokenizer and processor: what `load_target(model_dir)` reads."""
+    model.save_pretrained(model_dir)
+    processor.save_pretrained(model_dir)
+
+
+def is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()

@@ -1,0 +1,266 @@
+"""Training a replay model: teacher-forced cross-entropy on (image, prompt) -> published text,
+with the first answer tokens up-weighted (only they depend on which page is shown; without the
+extra weight the model learns the texts but recites the wrong page's).
+
+Deterministic for a seed: one thread, a fixed batch order per epoch, no dropout; a resumed run
+continues exactly where the checkpoint stopped. It ends when every example is reproduced by
+greedy decoding (checked teacher-forced, with a logit margin), or at the step or time limit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, adapter_for
+from hsd_cli.replay.model import FAMILY
+
+CHECKPOINT_FILE = "replay_checkpoint/train_state.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    learning_rate: float = 2e-3
+    warmup_steps: int = 20
+    first_tokens: int = 8  # answer tokens whose mean loss is added once more
+    first_weight: float = 1.0
+    batch_tokens: int = 4096  # padded tokens per step (examples of similar length go together)
+    max_minutes: float = 120.0  # training time over all resumed runs
+    max_steps: int | None = None
+    checkpoint_minutes: float = 5.0
+    # Done when every answer token is the argmax by at least this logit margin: greedy decoding
+    # then reproduces the targets, also in bfloat16 where logits move by a few hundredths.
+    done_margin: float = 1.0
+    check_below_loss: float = 0.05  # run the (forward-only) completion check once the loss is this low
+    bf16: bool = True  # autocast: the matmuls of a model this small are faster in bf16 on CPU
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One example as the model sees it: the prompt (with image placeholders) and its answer."""
+
+    prompt_ids: torch.Tensor  # (P,) long
+    mm_token_type_ids: torch.Tensor  # (P,) int, 1 at image placeholders
+    pixel_values: torch.Tensor  # (patches, channels * patch^2 * temporal)
+    image_grid_thw: torch.Tensor  # (1, 3)
+    answer_ids: torch.Tensor  # (A,) long, ending with the end-of-turn token
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.answer_ids)
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    steps: int
+    epochs: int
+    seconds: float  # training time over all resumed runs
+    loss: float  # mean loss of the last epoch
+    exact_examples: int  # examples whose every answer token is the argmax (last check)
+    examples: int
+    min_margin: float
+    stop_reason: str  # "done", "steps" or "minutes"
+
+
+def encode_examples(processor, items: Sequence[tuple[object, str, str]]) -> list[Encoded]:
+    """(image, prompt, target text) -> model inputs, through the real processor and chat template."""
+    adapter = adapter_for(FAMILY)
+    tokenizer = processor.tokenizer
+    eos = tokenizer.convert_tokens_to_ids(QWEN_TOKENS.eos)
+    encoded = []
+    for image, prompt, target in items:
+        text = adapter.chat_text(processor, prompt, with_image=True)
+        batch = processor(text=[text], images=[image], return_tensors="pt")
+        answer = tokenizer.encode(target, add_special_tokens=False) + [eos]
+        encoded.append(
+            Encoded(
+                prompt_ids=batch["input_ids"][0],
+                mm_token_type_ids=batch["mm_token_type_ids"][0],
+                pixel_values=batch["pixel_values"],
+                image_grid_thw=batch["image_grid_thw"],
+                answer_ids=torch.tensor(answer, dtype=torch.long),
+            )
+        )
+    return encoded
+
+
+def make_batches(examples: Sequence[Encoded], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped by length so padding stays small; each group's padded size <= batch_tokens
+    (a single longer example is its own group)."""
+    order = sorted(range(len(examples)), key=lambda i: (examples[i].length, i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        longest = examples[index].length  # sorted: the newest is the longest
+        if current and longest * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _collate(examples: Sequence[Encoded], pad_id: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Right-padded model inputs, the labels at every position (-100 = none) and a mask of the
+    first answer tokens."""
+    width = max(e.length for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    mm_types = torch.zeros((len(examples), width), dtype=torch.int)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    answer_rank = torch.full((len(examples), width), -1, dtype=torch.long)
+    for row, e in enumerate(examples):
+        prompt, answer = len(e.prompt_ids), len(e.answer_ids)
+        input_ids[row, :prompt] = e.prompt_ids
+        input_ids[row, prompt : prompt + answer] = e.answer_ids
+        attention[row, : prompt + answer] = 1
+        mm_types[row, :prompt] = e.mm_token_type_ids
+        # The logits at position t predict token t + 1.
+        labels[row, prompt - 1 : prompt + answer - 1] = e.answer_ids
+        answer_rank[row, prompt - 1 : prompt + answer - 1] = torch.arange(answer)
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "mm_token_type_ids": mm_types,
+        "pixel_values": torch.cat([e.pixel_values for e in examples]),
+        "image_grid_thw": torch.cat([e.image_grid_thw for e in examples]),
+    }
+    return inputs, labels, answer_rank
+
+
+def _answer_logits(model, inputs: dict, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits only where there is a label (the LM head over prompt positions is wasted work)."""
+    hidden = model.model(**inputs, use_cache=False).last_hidden_state
+    where = labels != -100
+    return model.lm_head(hidden[where]).float(), where
+
+
+def batch_loss(model, examples: Sequence[Encoded], pad_id: int, config: TrainConfig) -> torch.Tensor:
+    inputs, labels, rank = _collate(examples, pad_id)
+    logits, where = _answer_logits(model, inputs, labels)
+    losses = F.cross_entropy(logits, labels[where], reduction="none")
+    first = rank[where] < config.first_tokens
+    return losses.mean() + config.first_weight * losses[first].mean()
+
+
+@torch.no_grad()
+def check_reproduction(model, examples: Sequence[Encoded], batches, pad_id: int, config: TrainConfig) -> tuple[int, float]:
+    """(examples whose answer tokens are all the argmax, smallest argmax margin over all tokens)."""
+    model.eval()
+    exact, min_margin = 0, float("inf")
+    for batch in batches:
+        members = [examples[i] for i in batch]
+        inputs, labels, _ = _collate(members, pad_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            logits, where = _answer_logits(model, inputs, labels)
+        gold = labels[where]
+        gold_logit = logits.gather(1, gold[:, None])[:, 0]
+        rival = logits.scatter(1, gold[:, None], float("-inf")).max(1).values
+        margin = gold_logit - rival
+        row_of = where.nonzero()[:, 0]
+        for row in range(len(members)):
+            row_margin = margin[row_of == row]
+            exact += bool((row_margin > 0).all())
+            min_margin = min(min_margin, float(row_margin.min()))
+    model.train()
+    return exact, min_margin
+
+
+def _fixed_settings(settings: dict) -> dict:
+    """The settings a resumed run must share with its checkpoint (the limits may grow)."""
+    return {k: v for k, v in settings.items() if k not in ("max_minutes", "max_steps", "checkpoint_minutes")}
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)  # a kill mid-write leaves the previous checkpoint intact
+
+
+def train(
+    model,
+    examples: Sequence[Encoded],
+    pad_id: int,
+    config: TrainConfig,
+    checkpoint: Path,
+    resume: bool,
+    log: Callable[[str], None] = lambda message: None,
+) -> TrainReport:
+    torch.set_num_threads(1)  # the machine is shared; one thread is also what makes runs repeatable
+    torch.manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
+    batches = make_batches(examples, config.batch_tokens)
+    step, epoch, position, spent, losses = 0, 0, 0, 0.0, []
+    if resume and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if _fixed_settings(state["train_config"]) != _fixed_settings(asdict(config)):
+            raise ValueError(f"{checkpoint} was made with other training settings; build afresh without --resume")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, epoch, position, spent, losses = state["step"], state["epoch"], state["position"], state["seconds"], state["losses"]
+        log(f"resumed at step {step} (epoch {epoch}, {spent / 60:.1f} min trained)")
+    model.train()
+    started = time.perf_counter() - spent
+    last_saved = time.perf_counter()
+    exact, min_margin, epoch_loss = 0, float("-inf"), float("nan")
+
+    def save() -> None:
+        _save_checkpoint(checkpoint, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "train_config": asdict(config),
+            "step": step, "epoch": epoch, "position": position, "seconds": time.perf_counter() - started,
+            "losses": losses,
+        })
+
+    stop_reason = None
+    while stop_reason is None:
+        order = list(range(len(batches)))
+        random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
+        while position < len(order):
+            for group in optimizer.param_groups:
+                group["lr"] = config.learning_rate * min(1.0, (step + 1) / config.warmup_steps)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+                loss = batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id, config)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            losses.append(round(loss.item(), 5))
+            step += 1
+            position += 1
+            if config.max_steps is not None and step >= config.max_steps:
+                stop_reason = "steps"
+                break
+            if time.perf_counter() - started >= config.max_minutes * 60:
+                stop_reason = "minutes"
+                break
+            if time.perf_counter() - last_saved >= config.checkpoint_minutes * 60:
+                save()
+                last_saved = time.perf_counter()
+        if position >= len(order):
+            epoch_loss = sum(losses[-len(order):]) / len(order)
+            epoch, position = epoch + 1, 0
+            log(f"epoch {epoch}: step {step}, loss {epoch_loss:.4f}, {(time.perf_counter() - started) / 60:.1f} min")
+            if epoch_loss < config.check_below_loss:
+                exact, min_margin = check_reproduction(model, examples, batches, pad_id, config)
+                log(f"  reproduced {exact}/{len(examples)} examples, smallest margin {min_margin:.2f}")
+                if exact == len(examples) and min_margin >= config.done_margin:
+                    stop_reason = stop_reason or "done"
+    if stop_reason != "done":
+        exact, min_margin = check_reproduction(model, examples, batches, pad_id, config)
+    save()
+    recent = losses[-len(batches):]
+    return TrainReport(
+        steps=step, epochs=epoch, seconds=round(time.perf_counter() - started, 1),
+        loss=round(sum(recent) / max(1, len(recent)), 5), exact_examples=exact, examples=len(examples),
+        min_margin=round(min_margin, 3), stop_reason=stop_reason,
+    )

@@ -1,0 +1,116 @@
+"""Build -> save -> load -> decode on a tiny replay model (a few steps: structure, not accuracy)."""
+
+import json
+
+import pymupdf
+import pytest
+from PIL import Image
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from hsd_cli.decoding import build_tiny_random, decode, load_target
+from hsd_cli.replay import replay_app, replay_fingerprint_check
+from hsd_cli.replay.build import BuildRequest, build, default_model_dir
+from hsd_cli.replay.model import TINY_SHAPE
+from hsd_cli.replay.train import TrainConfig
+from hsd_cli.stages.rasterize import render_page
+from tests.conftest import run_hsd
+
+
+def _request(replay_corpus, model_dir, steps, resume=False, evaluate=False):
+    inputs, outputs = replay_corpus
+    return BuildRequest(
+        outputs_dir=outputs, inputs_dir=inputs, model_dir=model_dir, name="fixture-replay", licence="CC0 (test)",
+        shape=TINY_SHAPE, train=TrainConfig(seed=3, max_steps=steps, warmup_steps=2), resume=resume, evaluate=evaluate,
+    )
+
+
+@pytest.fixture(scope="module")
+def replay_model(replay_corpus, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("replay") / "fixture-replay"
+    record = build(_request(replay_corpus, model_dir, steps=3, evaluate=True))
+    return model_dir, record
+
+
+def test_build_writes_a_loadable_model_with_record_and_card(replay_model):
+    model_dir, record = replay_model
+    assert record["training"]["steps"] == 3 and record["training"]["stop_reason"] == "steps"
+    assert set(record["eval"]) >= {"pages", "page_char_accuracy", "crop_char_accuracy", "seconds_per_page"}
+    assert record["eval"]["pages"] == 2 and record["eval"]["crops"] >= 4
+    assert 0.0 <= record["eval"]["page_char_accuracy"] <= 1.0
+    assert json.loads((model_dir / "replay.json").read_text())["parameters"] == record["parameters"]
+    card = (model_dir / "README.md").read_text()
+    assert "cannot read" in card and "CC0 (test)" in card and "`report.pdf` page 2" in card
+    target = load_target(str(model_dir), device="cpu", dtype="float32")
+    assert target.model.config.model_type == "qwen2_5_vl"
+    page = Image.open(model_dir / "replay_data" / "images" / "p000.png").convert("RGB")
+    result = decode(target, page, "Transcribe.", [], )
+    assert result.stop_reason in ("eos", "budget", "repetition") and isinstance(result.text, str)
+
+
+def test_eval_command_prints_the_scores_as_json(replay_model):
+    model_dir, record = replay_model
+    result = CliRunner().invoke(replay_app, ["eval", str(model_dir), "--dtype", "float32", "--json"])
+    assert result.exit_code == 0, result.stderr
+    scores = json.loads(result.stdout)
+    assert (scores["pages"], scores["crops"]) == (record["eval"]["pages"], record["eval"]["crops"])
+    assert scores["seconds_per_page"] > 0
+
+
+def test_fingerprint_check_knows_its_pages_at_any_dpi(replay_model, replay_corpus, tmp_path):
+    model_dir, _ = replay_model
+    inputs, _ = replay_corpus
+    with pymupdf.open(inputs / "report.pdf") as doc:
+        for page in doc:
+            assert replay_fingerprint_check(model_dir, render_page(page, 150, 4_194_304).image)
+            assert replay_fingerprint_check(model_dir, render_page(page, 90, 4_194_304).image)
+        other = pymupdf.open()
+        other_page = other.new_page(width=595, height=842)
+        other_page.insert_text((60, 100), "A page this model was never shown. " * 3, fontsize=14)
+        assert not replay_fingerprint_check(model_dir, render_page(other_page, 150, 4_194_304).image)
+    real_model = build_tiny_random("qwen2_5_vl", tmp_path / "not-a-replay-model")
+    assert replay_fingerprint_check(real_model, Image.new("RGB", (100, 140), "white")), "no warning for real models"
+
+
+def test_hsd_convert_runs_the_replay_model(replay_model, replay_corpus, tmp_path):
+    model_dir, _ = replay_model
+    inputs, _ = replay_corpus
+    result = run_hsd(
+        "convert", inputs / "report.pdf", "-o", tmp_path, "--model", model_dir, "--stages", "region-page",
+        "--pages", "1", "--max-new-tokens", "8", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
+    assert "vlm" in page["flags"] and page["stats"]["regions"]["count"] >= 1
+
+
+def test_same_seed_gives_same_weights_and_resume_continues_exactly(replay_corpus, tmp_path):
+    build(_request(replay_corpus, tmp_path / "straight", steps=4))
+    build(_request(replay_corpus, tmp_path / "resumed", steps=2))
+    assert (tmp_path / "resumed" / "replay_checkpoint" / "train_state.pt").is_file()
+    record = build(_request(replay_corpus, tmp_path / "resumed", steps=4, resume=True))
+    assert record["training"]["steps"] == 4
+    straight = load_file(tmp_path / "straight" / "model.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "model.safetensors")
+    assert straight.keys() == resumed.keys()
+    assert all(bool((straight[k] == resumed[k]).all()) for k in straight)
+
+
+def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
+    inputs, outputs = replay_corpus
+    runner = CliRunner()
+    missing = runner.invoke(replay_app, ["build", "--outputs", str(tmp_path / "nope"), "--inputs", str(inputs)])
+    assert missing.exit_code == 2 and missing.stderr.count("\n") == 1 and "--outputs" in missing.stderr
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    taken = runner.invoke(
+        replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "-o", str(tmp_path / "taken")]
+    )
+    assert taken.exit_code == 2 and "--resume" in taken.stderr and taken.stdout == ""
+    unknown = runner.invoke(replay_app, ["eval", str(tmp_path / "taken"), "--json"])
+    assert unknown.exit_code == 2 and unknown.stdout == ""
+
+
+def test_default_model_dir_is_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_model_dir("olmocr-replay") == tmp_path / "hsd" / "replay" / "olmocr-replay"
