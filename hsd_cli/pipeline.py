@@ -14,7 +14,7 @@ import pickle
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +89,38 @@ def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[st
     return tuple(crops)
 
 
-def _stall_for_tests(doc: InputDocument, page_no: int) -> None:
-    """Test hook: HSD_TEST_STALL=<file name>:<page> makes that page hang, as a looping decode would."""
-    if os.environ.get("HSD_TEST_STALL") == f"{doc.path.name}:{page_no}":
+def _stall_for_tests(doc: InputDocument, page_no: int, stage: str) -> None:
+    """Test hook: HSD_TEST_STALL=<file name>:<page>[:vlm] hangs that page's draft (or VLM) stage,
+    as a looping decode or a stuck native library would."""
+    wanted = os.environ.get("HSD_TEST_STALL", "")
+    if wanted in (f"{doc.path.name}:{page_no}:{stage}", f"{doc.path.name}:{page_no}" if stage == "draft" else None):
         time.sleep(3600)
+
+
+def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> tuple[PageResult, PageImage]:
+    """Render and draft one page: the page's result when no VLM runs, and its fallback when one fails."""
+    started = time.perf_counter()
+    image = render_page(page, config.dpi, config.max_pixels)
+    rendered = time.perf_counter()
+    draft = draft_page(backend, page)
+    figures = _figure_crops(image, draft.blocks) if config.images is ImageMode.REF else ()
+    result = PageResult(
+        page_no=draft.page_no, size_pt=image.size_pt, blocks=draft.blocks, backend=draft.backend,
+        figures=figures, flags=("draft_only",), timings={"render_s": rendered - started, "draft_s": draft.seconds},
+    )
+    return result, image
+
+
+def vlm_stage(drafted: PageResult, image: PageImage, vlm: VlmStages, config: ConvertConfig) -> PageResult:
+    output = vlm.page(image, drafted.blocks, region_planner(config.stages))
+    return replace(
+        drafted, text=output.text, flags=output.flags, timings=drafted.timings | output.timings, stats=output.stats
+    )
+
+
+def with_fallback_flags(drafted: PageResult, reason: str) -> PageResult:
+    """The draft standing in for a page whose VLM stage failed, flagged with why."""
+    return replace(drafted, flags=("fallback", reason))
 
 
 def vlm_options(config: ConvertConfig) -> VlmOptions | None:
@@ -118,28 +146,6 @@ def region_planner(stages: Stages) -> Callable[[Block], bool]:
     return lambda block: block.kind in (BlockKind.TABLE, BlockKind.FORMULA) or block.source != PdfTextDraft.name
 
 
-def convert_page(
-    page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig, vlm: VlmStages | None
-) -> PageResult:
-    started = time.perf_counter()
-    image = render_page(page, config.dpi, config.max_pixels)
-    rendered = time.perf_counter()
-    draft = draft_page(backend, page)
-    figures = _figure_crops(image, draft.blocks) if config.images is ImageMode.REF else ()
-    timings = {"render_s": rendered - started, "draft_s": draft.seconds}
-    if vlm is None:
-        return PageResult(
-            page_no=draft.page_no, size_pt=image.size_pt, blocks=draft.blocks, backend=draft.backend,
-            figures=figures, flags=("draft_only",), timings=timings,
-        )
-    output = vlm.page(image, draft.blocks, region_planner(config.stages))
-    return PageResult(
-        page_no=draft.page_no, size_pt=image.size_pt, blocks=draft.blocks, backend=draft.backend,
-        figures=figures, text=output.text, flags=output.flags, timings=timings | output.timings,
-        stats=output.stats,
-    )
-
-
 def failed_page(page: pymupdf.Page, reason: str) -> PageResult:
     """A page with no content, flagged with why, so the document can still be written."""
     return PageResult(
@@ -151,11 +157,13 @@ def failed_page(page: pymupdf.Page, reason: str) -> PageResult:
     )
 
 
-def _checkpoint_path(task: DocumentTask, page_no: int) -> Path:
-    return task.checkpoint_dir / f"page-{page_no:05d}.pickle"
+def _checkpoint_path(task: DocumentTask, page_no: int, stage: str = "page") -> Path:
+    return task.checkpoint_dir / f"{stage}-{page_no:05d}.pickle"
 
 
 def _load_checkpoint(path: Path) -> PageResult | None:
+    if not path.exists():
+        return None
     try:
         with path.open("rb") as handle:
             return pickle.load(handle)
@@ -163,16 +171,37 @@ def _load_checkpoint(path: Path) -> PageResult | None:
         return None
 
 
-def _page_with_retries(
-    page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig, vlm: VlmStages | None
-) -> tuple[PageResult, str | None]:
+def _with_retries(work: Callable[[], Any]) -> tuple[Any, str | None]:
+    """Run `work` up to PAGE_ATTEMPTS times; (result, None) or (None, last error)."""
     error = None
     for _ in range(PAGE_ATTEMPTS):
         try:
-            return convert_page(page, backend, config, vlm), None
+            return work(), None
         except Exception as exc:  # noqa: BLE001 - a bad page must not sink its document
             error = f"{type(exc).__name__}: {exc}"
-    return failed_page(page, "error"), error
+    return None, error
+
+
+def _convert_page(
+    task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmStages | None, emit: EventSink
+) -> tuple[PageResult, list[str]]:
+    """Draft, checkpoint the draft, then the VLM stages; each stage retried once."""
+    page_no = page.number + 1
+    warnings = []
+    _stall_for_tests(task.doc, page_no, "draft")
+    drafted, error = _with_retries(lambda: draft_stage(page, backend, task.config))
+    if drafted is None:
+        return failed_page(page, "error"), [f"page {page_no}: {error}"]
+    result, image = drafted
+    if vlm is not None:
+        write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
+        emit("page_drafted", {"page": page_no})
+        _stall_for_tests(task.doc, page_no, "vlm")
+        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config))
+        if decoded is None:
+            warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
+        result = decoded or with_fallback_flags(result, "vlm_error")
+    return result, warnings
 
 
 def _metadata(pdf: pymupdf.Document) -> dict[str, str]:
@@ -200,15 +229,16 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         for index in indices:
             page_no = index + 1
             checkpoint = _checkpoint_path(task, page_no)
-            result = _load_checkpoint(checkpoint) if checkpoint.exists() else None
+            result = _load_checkpoint(checkpoint)
             if result is None and page_no in task.lost_pages:
-                result = failed_page(pdf[index], task.lost_pages[page_no])
+                # The worker was killed on this page: its draft stands in if it got that far.
+                reason = task.lost_pages[page_no]
+                drafted = _load_checkpoint(_checkpoint_path(task, page_no, "draft"))
+                result = with_fallback_flags(drafted, reason) if drafted else failed_page(pdf[index], reason)
             if result is None:
                 emit("page_started", {"page": page_no})
-                _stall_for_tests(task.doc, page_no)
-                result, error = _page_with_retries(pdf[index], backend, config, vlm)
-                if error:
-                    warnings.append(f"page {page_no}: {error}")
+                result, page_warnings = _convert_page(task, pdf[index], backend, vlm, emit)
+                warnings.extend(page_warnings)
                 write_atomic(checkpoint, pickle.dumps(result))
                 emit("page_done", {"page": page_no, "flags": list(result.flags)})
             if "failed" in result.flags:
@@ -301,12 +331,13 @@ def decoding_totals(pages: tuple[PageResult, ...] | list[PageResult]) -> dict[st
     return totals
 
 
-def _document_status(failures: dict[int, str], pages: int, max_rate: float) -> DocStatus:
-    if not failures:
-        return DocStatus.OK
-    if len(failures) / pages <= max_rate:
+def _document_status(pages: tuple[PageResult, ...], failures: dict[int, str], max_rate: float) -> DocStatus:
+    """Failed pages (no content) count against --max-page-error-rate; draft fallbacks only degrade."""
+    if failures and len(failures) / len(pages) > max_rate:
+        return DocStatus.TIMEOUT if set(failures.values()) == {"timeout"} else DocStatus.FAILED
+    if failures or any("fallback" in page.flags for page in pages):
         return DocStatus.DEGRADED
-    return DocStatus.TIMEOUT if set(failures.values()) == {"timeout"} else DocStatus.FAILED
+    return DocStatus.OK
 
 
 def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
@@ -315,7 +346,7 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
     name = str(task.doc.path)
     try:
         result, failures = convert_document(task, emit)
-        status = _document_status(failures, len(result.pages), task.max_page_error_rate)
+        status = _document_status(result.pages, failures, task.max_page_error_rate)
         if status.is_failure:
             return DocumentOutcome(
                 input=name,

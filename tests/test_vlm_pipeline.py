@@ -5,6 +5,7 @@ import json
 import pytest
 
 from hsd_cli.decoding import build_tiny_random
+from tests import fixtures
 from tests.conftest import run_hsd
 
 
@@ -53,3 +54,17 @@ def test_missing_model_is_an_environment_error(docs_dir, tmp_path):
 
 def test_vlm_stages_without_a_model_are_a_usage_error(docs_dir, tmp_path):
     assert run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, "--stages", "page").exit_code == 2
+
+
+def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HSD_TEST_STALL", "report.pdf:1:vlm")
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", "page",
+        "--max-new-tokens", "8", "--page-timeout", "30", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["documents"][0]["status"] == "degraded"
+    pages = json.loads((tmp_path / "report.json").read_text())["pages"]
+    assert pages[0]["flags"] == ["fallback", "timeout"] and pages[0]["text_source"] == "draft"
+    assert fixtures.TITLE in pages[0]["markdown"], "the draft text stands in for the page"
+    assert pages[1]["text_source"] == "model", "the next page still goes through the VLM"
