@@ -29,7 +29,7 @@ from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageIma
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.rasterize import DocumentError, open_document, render_page
-from hsd_cli.stages.vlm import VlmOptions, VlmStages
+from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET, VlmOptions, VlmStages
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
@@ -200,6 +200,11 @@ def _convert_page(
         decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config))
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
+        elif OUTSIDE_REPLAY_SET in decoded.flags:
+            warnings.append(
+                f"page {page_no}: the replay model was not built on this page; its output recites "
+                "another page and is not a reading of this one"
+            )
         result = decoded or with_fallback_flags(result, "vlm_error")
     return result, warnings
 

@@ -68,3 +68,27 @@ def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_pa
     assert pages[0]["flags"] == ["fallback", "timeout"] and pages[0]["text_source"] == "draft"
     assert fixtures.TITLE in pages[0]["markdown"], "the draft text stands in for the page"
     assert pages[1]["text_source"] == "model", "the next page still goes through the VLM"
+
+
+def test_a_replay_model_warns_on_pages_outside_its_set(tiny_model, docs_dir, tmp_path):
+    import shutil
+    from dataclasses import asdict
+
+    import pymupdf
+
+    from hsd_cli.replay.fingerprint import REPLAY_FILE, fingerprint
+    from hsd_cli.stages.rasterize import render_page
+
+    replay = shutil.copytree(tiny_model, tmp_path / "replay")
+    with pymupdf.open(docs_dir / "report.pdf") as doc:
+        known = fingerprint(render_page(doc[1], 150, 4_194_304).image, "report.pdf", 2)
+    (replay / REPLAY_FILE).write_text(json.dumps({"fingerprints": [asdict(known)]}))
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", replay, "--stages", "page",
+        "--max-new-tokens", "4",
+    )
+    assert result.exit_code == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "replay model was not built on this page" in line]
+    assert len(warned) == 1 and "page 1" in warned[0]
+    pages = json.loads((tmp_path / "out" / "report.json").read_text())["pages"]
+    assert "outside_replay_set" in pages[0]["flags"] and "outside_replay_set" not in pages[1]["flags"]

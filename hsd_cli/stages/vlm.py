@@ -17,10 +17,13 @@ from PIL import Image
 from hsd_cli.decoding import DecodeConfig, DecodeResult, DecodeStats, decode, decode_many, load_target
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.records import Block, BlockKind, PageImage
+from hsd_cli.replay.fingerprint import replay_fingerprint_check
 
 # Blocks that are not worth a region pass: furniture is not in the page output, figures have no text.
 _NO_REGION = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER, BlockKind.FIGURE}
 REGION_BATCH = 8
+# Flag of a page that a replay model (a benchmark stand-in) was not built on.
+OUTSIDE_REPLAY_SET = "outside_replay_set"
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ class VlmStages:
             baseline = {"identical": divergence is None, "first_divergence": divergence,
                         "forwards": plain.stats.forwards}
         flags: tuple[str, ...] = ("vlm",)
+        if not replay_fingerprint_check(self.options.model, image.image):
+            flags += (OUTSIDE_REPLAY_SET,)
         text: str | None = result.text.strip()
         if result.stop_reason == "repetition" or not text:
             flags += ("fallback", "repetition" if result.stop_reason == "repetition" else "empty")
