@@ -28,7 +28,7 @@ from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageImage, PageResult
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
-from hsd_cli.stages.rasterize import DocumentError, open_document, render_page
+from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
 from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET, VlmOptions, VlmStages
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
@@ -80,13 +80,8 @@ def file_sha256(path: Path) -> str:
 
 
 def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[str, object], ...]:
-    crops = []
-    for block in blocks:
-        if block.kind is BlockKind.FIGURE:
-            x0, y0, x1, y1 = (round(v * image.scale) for v in block.bbox)
-            if x1 - x0 >= 4 and y1 - y0 >= 4:
-                crops.append((block.id, image.image.crop((x0, y0, x1, y1))))
-    return tuple(crops)
+    crops = ((block.id, crop_block(image, block.bbox, pad=0)) for block in blocks if block.kind is BlockKind.FIGURE)
+    return tuple((block_id, crop) for block_id, crop in crops if crop is not None)
 
 
 def _stall_for_tests(doc: InputDocument, page_no: int, stage: str) -> None:

@@ -1,7 +1,6 @@
 """Batch guarantees: manifest and resume, timeouts that fire, kill -9 recovery, locks, shards, config."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -183,6 +182,7 @@ def test_config_file_env_and_flags_in_that_order(docs_dir, tmp_path, monkeypatch
     assert 'draft = "auto"  # default' in lines
 
     converted = run_hsd("convert", docs_dir / "report.pdf", "--config", config, "-o", tmp_path / "o", "--json")
+    assert converted.exit_code == 0, converted.stderr
     document = json.loads((tmp_path / "o" / "report.json").read_text())
     assert [p["page"] for p in document["pages"]] == [2] and document["config"]["dpi"] == 110
 

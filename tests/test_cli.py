@@ -94,6 +94,7 @@ def test_outputs_mirror_tree_with_page_markers_and_json_schema(converted):
 
 def test_page_selection_converts_only_those_pages(docs_dir, tmp_path):
     result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, "--pages", "2", "--json")
+    assert result.exit_code == 0, result.stderr
     document = json.loads((tmp_path / "report.json").read_text())
     assert [p["page"] for p in document["pages"]] == [2]
     assert fixtures.TABLE_SECTION in (tmp_path / "report.md").read_text()

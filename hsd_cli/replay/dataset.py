@@ -16,11 +16,10 @@ from PIL import Image
 
 from hsd_cli.config import ConvertConfig
 from hsd_cli.inputs import DOCUMENT_SUFFIXES, sniff_kind
-from hsd_cli.records import Block, PageImage
 from hsd_cli.replay.align import locate
 from hsd_cli.replay.fingerprint import PageFingerprint, fingerprint
 from hsd_cli.stages.draft import draft_page, make_draft_backend
-from hsd_cli.stages.rasterize import open_document, render_page
+from hsd_cli.stages.rasterize import crop_block, open_document, render_page
 from hsd_cli.stages.vlm import _NO_REGION
 
 # `<stem>_pg<N>_repeat<K>.md` (olmOCR-Bench candidates) or `<stem>.md` (page 1 of `<stem>`).
@@ -82,16 +81,6 @@ def pair_pages(outputs_dir: Path, inputs_dir: Path) -> tuple[list[PagePair], lis
     return pairs, unmatched
 
 
-def crop_block(image: PageImage, block: Block, pad: int) -> Image.Image | None:
-    """The block's crop exactly as `VlmStages._crop` makes it (a test holds the two together)."""
-    x0, y0, x1, y1 = (v * image.scale for v in block.bbox)
-    box = (max(0, round(x0) - pad), max(0, round(y0) - pad),
-           min(image.image.width, round(x1) + pad), min(image.image.height, round(y1) + pad))
-    if box[2] - box[0] < 8 or box[3] - box[1] < 8:
-        return None
-    return image.image.crop(box)
-
-
 def region_target(block_text: str, output: str) -> tuple[str, float | None]:
     """The part of the page output that belongs to a block, or "" when none does (the replay
     model then answers nothing and hsd keeps the block's pipeline draft)."""
@@ -124,7 +113,7 @@ def prepare(
         for block in draft.blocks:
             if block.kind in _NO_REGION or not block.text:
                 continue  # hsd convert never makes region passes for these
-            crop = crop_block(image, block, region_padding_px)
+            crop = crop_block(image, block.bbox, region_padding_px)  # the region stage's own crop
             if crop is None:
                 continue
             target, score = region_target(block.text, output)

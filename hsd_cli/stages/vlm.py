@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from PIL import Image
 
 from hsd_cli.decoding import DecodeConfig, DecodeResult, DecodeStats, decode, decode_many, load_target
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.records import Block, BlockKind, PageImage
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
+from hsd_cli.stages.rasterize import crop_block
 
 # Blocks that are not worth a region pass: furniture is not in the page output, figures have no text.
 _NO_REGION = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER, BlockKind.FIGURE}
@@ -83,15 +83,6 @@ class VlmStages:
         budget = options.max_new_tokens or self.settings.max_new_tokens
         self.decode_config = DecodeConfig(max_new_tokens=budget)
 
-    def _crop(self, image: PageImage, block: Block) -> Image.Image | None:
-        pad = self.settings.region_padding_px
-        x0, y0, x1, y1 = (v * image.scale for v in block.bbox)
-        box = (max(0, round(x0) - pad), max(0, round(y0) - pad),
-               min(image.image.width, round(x1) + pad), min(image.image.height, round(y1) + pad))
-        if box[2] - box[0] < 8 or box[3] - box[1] < 8:
-            return None
-        return image.image.crop(box)
-
     def page_drafts(
         self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]
     ) -> tuple[list[str], list[DecodeResult]]:
@@ -102,7 +93,7 @@ class VlmStages:
         for block in blocks:
             if block.kind in _NO_REGION or not block.text:
                 continue
-            crop = self._crop(image, block) if wants_region(block) else None
+            crop = crop_block(image, block.bbox, self.settings.region_padding_px) if wants_region(block) else None
             if crop is not None:
                 items.append((crop, self.settings.region_prompt, [block.text]))
                 slots.append(len(drafts))

@@ -5,11 +5,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from hsd_cli.models.settings import settings_for
-from hsd_cli.records import Block, BlockKind, PageImage
+from hsd_cli.records import PageImage
 from hsd_cli.replay.align import char_accuracy, edit_distance, locate
-from hsd_cli.replay.dataset import crop_block, load_examples, pair_pages, prepare, region_target
-from hsd_cli.stages.vlm import VlmStages
+from hsd_cli.replay.dataset import load_examples, pair_pages, prepare, region_target
+from hsd_cli.stages.rasterize import crop_block
 from tests import fixtures
 from tests.replay.conftest import PAGE_OUTPUTS
 
@@ -62,16 +61,12 @@ def test_pair_pages_takes_lowest_repeat_and_matching_subfolder(tmp_path):
     assert unmatched == ["orphan_pg1_repeat1.md"]
 
 
-def test_crop_block_is_the_crop_hsd_convert_makes():
+def test_crop_block_pads_clips_and_drops_slivers():
     image = PageImage(page_no=1, image=Image.new("RGB", (300, 400), "white"), scale=150 / 72, size_pt=(144, 192))
-    block = Block("p1-b1", BlockKind.TEXT, (10.0, 20.5, 100.2, 60.0), 0, "text", None, "pdf-text")
-    stages = object.__new__(VlmStages)  # no model: _crop needs only the settings
-    stages.settings = settings_for("qwen2_5_vl")
-    expected = stages._crop(image, block)
-    actual = crop_block(image, block, stages.settings.region_padding_px)
-    assert actual.size == expected.size and actual.tobytes() == expected.tobytes()
-    tiny = Block("p1-b2", BlockKind.TEXT, (10.0, 20.0, 11.0, 21.0), 1, "x", None, "pdf-text")
-    assert crop_block(image, tiny, 0) is None
+    crop = crop_block(image, (10.0, 20.5, 100.2, 60.0), 4)
+    assert crop.size == (round(100.2 * 150 / 72) - round(10 * 150 / 72) + 8, round(60 * 150 / 72) - round(20.5 * 150 / 72) + 8)
+    assert crop_block(image, (0.0, 0.0, 144.0, 192.0), 4).size == (300, 400), "clipped to the page"
+    assert crop_block(image, (10.0, 20.0, 11.0, 21.0), 0) is None
 
 
 def test_prepare_makes_page_and_aligned_crop_examples(replay_corpus, tmp_path):
