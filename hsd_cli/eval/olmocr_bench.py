@@ -29,6 +29,7 @@ MISSING_PAGE = "no output for this page"
 def import_bench():
     """olmocr's bench modules, or a usage error naming the install that brings them."""
     try:
+        import lxml  # noqa: F401  olmocr's MathML comparison parses with BeautifulSoup's "xml" (lxml)
         import olmocr.bench.tests as bench_tests
         import olmocr.bench.utils as bench_utils
     except ImportError as exc:
