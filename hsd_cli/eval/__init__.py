@@ -131,7 +131,7 @@ def omnidocbench_command(
         try:
             from hsd_cli.eval.omnidocbench import score_pages
         except ImportError as exc:
-            raise missing_dependency(exc, "table TEDS") from None
+            raise missing_dependency(exc, "OmniDocBench scoring") from None
         conversion = _maybe_convert(console, convert, inputs, outputs, stages, draft)
         return score_pages(outputs, gt) | {"convert": conversion}
 

@@ -55,10 +55,6 @@ class PageOutputs:
             return []
         return [pages[page]]
 
-    def page_count(self, key: str) -> int | None:
-        pages = self._document_pages(key)
-        return None if pages is None else len(pages)
-
     def _document_pages(self, key: str) -> dict[int, str] | None:
         if key not in self._documents:
             self._documents[key] = read_hsd_pages(self.root / f"{key}.json")

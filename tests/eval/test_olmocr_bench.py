@@ -234,3 +234,11 @@ def test_without_a_browser_auto_falls_back_and_says_so(suite, monkeypatch):
         eval_app, ["olmocr-bench", str(suite["hsd"]), "--tests", str(math_file), "--math-render", "katex"]
     )
     assert strict.exit_code == 2
+
+
+def test_olmocr_named_repeats_are_all_read(suite):
+    extra = suite["olmocr"] / "sub" / "two_pg1_repeat2.md"
+    extra.write_text("nothing useful", encoding="utf-8")
+    report = score(BenchConfig(outputs=suite["olmocr"], test_files=suite["tests"]), EXACT)
+    [gamma] = [t for t in report["tests"] if t["pdf"] == "sub/two.pdf" and t["type"] == "present"]
+    assert (gamma["score"], gamma["passed"]) == (0.5, False)  # one of two repeats: not a majority
