@@ -119,3 +119,16 @@ def test_pp_structure_results_are_read_and_scaled_to_points(docs_dir, tmp_path):
     assert blocks[0].bbox == (72.0, 72.0, 360.0, 108.0)  # 144 dpi pixels -> points
     assert blocks[2].text == "| 1 | 2 |\n|---|---|"
     assert all(b.source == "paddleocr-json" for b in blocks)
+
+
+def test_auto_falls_back_to_ocr_when_the_text_layer_is_empty(docs_dir, monkeypatch):
+    """An image page that PyMuPDF's analysis calls text-only must not come out empty."""
+    import hsd_cli.stages.draft as draft_module
+    from hsd_cli.stages.draft.ocr import OcrDraft
+    from hsd_cli.stages.draft.pdf_text import PdfTextDraft
+
+    monkeypatch.setattr(draft_module, "analyze_page", lambda page: {"needs_ocr": False})
+    with pymupdf.open(docs_dir / "scan.pdf") as doc:
+        result = draft_page(AutoDraft(PdfTextDraft(), OcrDraft(150)), doc[0])
+    assert result.backend == "ocr"
+    assert fixtures.TITLE in " ".join(b.text for b in result.blocks)

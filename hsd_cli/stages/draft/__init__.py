@@ -23,7 +23,9 @@ class DraftBackend(Protocol):
 
 
 class AutoDraft:
-    """Per page: the text layer where it is usable, OCR where PyMuPDF's page analysis says it is not."""
+    """Per page: the text layer where it is usable, OCR where PyMuPDF's page analysis says it is
+    not, or where the text layer turns out to hold no text at all (image-only pages that the
+    analysis misjudges)."""
 
     name = "auto"
 
@@ -31,11 +33,15 @@ class AutoDraft:
         self.text = text
         self.ocr = ocr
 
-    def choose(self, page: pymupdf.Page) -> DraftBackend:
-        return self.ocr if analyze_page(page).get("needs_ocr", False) else self.text
+    def run(self, page: pymupdf.Page) -> tuple[str, list[Block]]:
+        if not analyze_page(page).get("needs_ocr", False):
+            blocks = self.text.blocks(page)
+            if any(block.text.strip() for block in blocks):
+                return self.text.name, blocks
+        return self.ocr.name, self.ocr.blocks(page)
 
     def blocks(self, page: pymupdf.Page) -> list[Block]:
-        return self.choose(page).blocks(page)
+        return self.run(page)[1]
 
 
 def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBackend:
@@ -54,11 +60,10 @@ def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBacken
 
 def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
     started = time.perf_counter()
-    chosen = backend.choose(page) if isinstance(backend, AutoDraft) else backend
-    blocks = chosen.blocks(page)
+    name, blocks = backend.run(page) if isinstance(backend, AutoDraft) else (backend.name, backend.blocks(page))
     return PageDraft(
         page_no=page.number + 1,
         blocks=tuple(blocks),
-        backend=chosen.name,
+        backend=name,
         seconds=time.perf_counter() - started,
     )
