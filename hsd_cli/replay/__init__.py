@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -53,9 +54,9 @@ def build_command(
     outputs: Annotated[Path, typer.Option("--outputs", help="Published outputs: <stem>_pg<N>_repeat<K>.md or <stem>.md.")],
     inputs: Annotated[Path, typer.Option("--inputs", help="The PDFs or page images the outputs were made from.")],
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Model directory [default: $XDG_CACHE_HOME/hsd/replay/NAME].")
+        Path | None, typer.Option("-o", "--output", help="Model directory (default: $XDG_CACHE_HOME/hsd/replay/NAME).")
     ] = None,
-    name: Annotated[str | None, typer.Option("--name", help="Model name [default: <outputs dir>-replay].")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Model name (default: <outputs dir>-replay).")] = None,
     description: Annotated[str, typer.Option("--description", help="What the outputs are, for the model card.")] = (
         "published outputs of an OCR system"
     ),
@@ -67,6 +68,9 @@ def build_command(
     steps: Annotated[int | None, typer.Option("--steps", help="Training step limit.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the build in the model directory.")] = False,
     shape: Annotated[str, typer.Option("--shape", help="default (6.3 M parameters) or tiny (tests).")] = "default",
+    vocab_size: Annotated[
+        int | None, typer.Option("--vocab-size", help="Tokenizer size (default 4096; more for CJK-heavy outputs).")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the build record as JSON on stdout.")] = False,
 ) -> None:
     """Train a replay model on pages and their published outputs (takes ~1-2 h for ~25 pages)."""
@@ -82,11 +86,16 @@ def build_command(
         _fail(f"--shape must be default or tiny, got {shape}")
     if minutes <= 0 or (steps is not None and steps <= 0):
         _fail("--minutes and --steps must be positive")
+    if vocab_size is not None and not 512 <= vocab_size <= 65536:
+        _fail(f"--vocab-size must be between 512 and 65536, got {vocab_size}")
+    chosen = TINY_SHAPE if shape == "tiny" else ReplayShape()
+    if vocab_size is not None:
+        chosen = replace(chosen, vocab_size=vocab_size)
     name = name or f"{outputs.resolve().name}-replay"
     model_dir = output or default_model_dir(name)
     request = BuildRequest(
         outputs_dir=outputs.resolve(), inputs_dir=inputs.resolve(), model_dir=model_dir, name=name,
-        description=description, licence=licence, shape=TINY_SHAPE if shape == "tiny" else ReplayShape(),
+        description=description, licence=licence, shape=chosen,
         train=TrainConfig(seed=seed, max_minutes=minutes, max_steps=steps), resume=resume,
     )
     _stderr.print(f"building replay model {name} in {model_dir}")
@@ -107,7 +116,7 @@ def build_command(
 @replay_app.command("eval")
 def eval_command(
     model: Annotated[str, typer.Argument(help="Replay model directory or name in the user cache.")],
-    dtype: Annotated[str | None, typer.Option("--dtype", help="float32 or bfloat16 [default: as hsd convert].")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32 or bfloat16 (default: as hsd convert).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the scores as JSON on stdout.")] = False,
 ) -> None:
     """Greedy-decode every page and crop of a replay model and score it against the targets."""

@@ -1,6 +1,9 @@
 """Training a replay model: teacher-forced cross-entropy on (image, prompt) -> published text,
 with the first answer tokens up-weighted (only they depend on which page is shown; without the
-extra weight the model learns the texts but recites the wrong page's).
+extra weight the model learns the texts but recites the wrong page's). Every step adds a "head"
+batch: several examples of similar prompt length cut after their first answer tokens, so that
+each step contrasts different images with their different openings, which full examples (one
+long page per batch) cannot do.
 
 Deterministic for a seed: one thread, a fixed batch order per epoch, no dropout; a resumed run
 continues exactly where the checkpoint stopped. It ends when every example is reproduced by
@@ -13,7 +16,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -30,9 +33,13 @@ class TrainConfig:
     seed: int = 0
     learning_rate: float = 2e-3
     warmup_steps: int = 20
-    first_tokens: int = 8  # answer tokens whose mean loss is added once more
+    first_tokens: int = 8  # answer tokens whose mean loss is added once more, in head batches
     first_weight: float = 1.0
-    batch_tokens: int = 4096  # padded tokens per step (examples of similar length go together)
+    batch_tokens: int = 4096  # padded tokens per batch (examples of similar length go together)
+    head_batch_tokens: int = 2048
+    # Halve the learning rate when the epoch loss has not set a new best for this many epochs.
+    patience: int = 6
+    min_learning_rate: float = 3e-5
     max_minutes: float = 120.0  # training time over all resumed runs
     max_steps: int | None = None
     checkpoint_minutes: float = 5.0
@@ -109,15 +116,13 @@ def make_batches(examples: Sequence[Encoded], batch_tokens: int) -> list[list[in
     return batches
 
 
-def _collate(examples: Sequence[Encoded], pad_id: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """Right-padded model inputs, the labels at every position (-100 = none) and a mask of the
-    first answer tokens."""
+def _collate(examples: Sequence[Encoded], pad_id: int) -> tuple[dict, torch.Tensor]:
+    """Right-padded model inputs and the labels at every position (-100 = none)."""
     width = max(e.length for e in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(examples), width), dtype=torch.long)
     mm_types = torch.zeros((len(examples), width), dtype=torch.int)
     labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    answer_rank = torch.full((len(examples), width), -1, dtype=torch.long)
     for row, e in enumerate(examples):
         prompt, answer = len(e.prompt_ids), len(e.answer_ids)
         input_ids[row, :prompt] = e.prompt_ids
@@ -126,7 +131,6 @@ def _collate(examples: Sequence[Encoded], pad_id: int) -> tuple[dict, torch.Tens
         mm_types[row, :prompt] = e.mm_token_type_ids
         # The logits at position t predict token t + 1.
         labels[row, prompt - 1 : prompt + answer - 1] = e.answer_ids
-        answer_rank[row, prompt - 1 : prompt + answer - 1] = torch.arange(answer)
     inputs = {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -134,7 +138,7 @@ def _collate(examples: Sequence[Encoded], pad_id: int) -> tuple[dict, torch.Tens
         "pixel_values": torch.cat([e.pixel_values for e in examples]),
         "image_grid_thw": torch.cat([e.image_grid_thw for e in examples]),
     }
-    return inputs, labels, answer_rank
+    return inputs, labels
 
 
 def _answer_logits(model, inputs: dict, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,12 +148,16 @@ def _answer_logits(model, inputs: dict, labels: torch.Tensor) -> tuple[torch.Ten
     return model.lm_head(hidden[where]).float(), where
 
 
-def batch_loss(model, examples: Sequence[Encoded], pad_id: int, config: TrainConfig) -> torch.Tensor:
-    inputs, labels, rank = _collate(examples, pad_id)
+def head(example: Encoded, tokens: int) -> Encoded:
+    """The example cut after its first `tokens` answer tokens."""
+    return replace(example, answer_ids=example.answer_ids[:tokens])
+
+
+def batch_loss(model, examples: Sequence[Encoded], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over the answer tokens of a batch."""
+    inputs, labels = _collate(examples, pad_id)
     logits, where = _answer_logits(model, inputs, labels)
-    losses = F.cross_entropy(logits, labels[where], reduction="none")
-    first = rank[where] < config.first_tokens
-    return losses.mean() + config.first_weight * losses[first].mean()
+    return F.cross_entropy(logits, labels[where])
 
 
 @torch.no_grad()
@@ -159,7 +167,7 @@ def check_reproduction(model, examples: Sequence[Encoded], batches, pad_id: int,
     exact, min_margin = 0, float("inf")
     for batch in batches:
         members = [examples[i] for i in batch]
-        inputs, labels, _ = _collate(members, pad_id)
+        inputs, labels = _collate(members, pad_id)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             logits, where = _answer_logits(model, inputs, labels)
         gold = labels[where]
@@ -200,7 +208,10 @@ def train(
     torch.manual_seed(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
     batches = make_batches(examples, config.batch_tokens)
+    heads = [head(e, config.first_tokens) for e in examples]
+    head_batches = make_batches(heads, config.head_batch_tokens)
     step, epoch, position, spent, losses = 0, 0, 0, 0.0, []
+    learning_rate, best, stale = config.learning_rate, float("inf"), 0
     if resume and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
         if _fixed_settings(state["train_config"]) != _fixed_settings(asdict(config)):
@@ -208,6 +219,7 @@ def train(
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, position, spent, losses = state["step"], state["epoch"], state["position"], state["seconds"], state["losses"]
+        learning_rate, best, stale = state["learning_rate"], state["best"], state["stale"]
         log(f"resumed at step {step} (epoch {epoch}, {spent / 60:.1f} min trained)")
     model.train()
     started = time.perf_counter() - spent
@@ -218,7 +230,7 @@ def train(
         _save_checkpoint(checkpoint, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "train_config": asdict(config),
             "step": step, "epoch": epoch, "position": position, "seconds": time.perf_counter() - started,
-            "losses": losses,
+            "losses": losses, "learning_rate": learning_rate, "best": best, "stale": stale,
         })
 
     stop_reason = None
@@ -227,9 +239,11 @@ def train(
         random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
         while position < len(order):
             for group in optimizer.param_groups:
-                group["lr"] = config.learning_rate * min(1.0, (step + 1) / config.warmup_steps)
+                group["lr"] = learning_rate * min(1.0, (step + 1) / config.warmup_steps)
+            head_batch = head_batches[step % len(head_batches)]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                loss = batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id, config)
+                loss = batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id)
+                loss = loss + config.first_weight * batch_loss(model, [heads[i] for i in head_batch], pad_id)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -249,6 +263,10 @@ def train(
         if position >= len(order):
             epoch_loss = sum(losses[-len(order):]) / len(order)
             epoch, position = epoch + 1, 0
+            best, stale = (epoch_loss, 0) if epoch_loss < best else (best, stale + 1)
+            if stale >= config.patience and learning_rate > config.min_learning_rate:
+                learning_rate, stale = max(config.min_learning_rate, learning_rate / 2), 0
+                log(f"  learning rate halved to {learning_rate:.2e}")
             log(f"epoch {epoch}: step {step}, loss {epoch_loss:.4f}, {(time.perf_counter() - started) / 60:.1f} min")
             if epoch_loss < config.check_below_loss:
                 exact, min_margin = check_reproduction(model, examples, batches, pad_id, config)
