@@ -7,7 +7,8 @@ long page per batch) cannot do.
 
 Deterministic for a seed: one thread, a fixed batch order per epoch, no dropout; a resumed run
 continues exactly where the checkpoint stopped. It ends when every example is reproduced by
-greedy decoding (checked teacher-forced, with a logit margin), or at the step or time limit.
+greedy decoding (checked teacher-forced, with a logit margin), or at the step or time limit; the
+model then gets the weights of the best check.
 """
 
 from __future__ import annotations
@@ -212,6 +213,9 @@ def train(
     head_batches = make_batches(heads, config.head_batch_tokens)
     step, epoch, position, spent, losses = 0, 0, 0, 0.0, []
     learning_rate, best, stale = config.learning_rate, float("inf"), 0
+    # The weights of the best completion check so far, as (exact examples, smallest margin): late
+    # in training the margins oscillate around 0, and the last weights can be a worse pick.
+    best_check, best_weights = (-1, float("-inf")), None
     if resume and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
         if _fixed_settings(state["train_config"]) != _fixed_settings(asdict(config)):
@@ -220,6 +224,7 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, position, spent, losses = state["step"], state["epoch"], state["position"], state["seconds"], state["losses"]
         learning_rate, best, stale = state["learning_rate"], state["best"], state["stale"]
+        best_check, best_weights = tuple(state["best_check"]), state["best_weights"]
         log(f"resumed at step {step} (epoch {epoch}, {spent / 60:.1f} min trained)")
     model.train()
     started = time.perf_counter() - spent
@@ -231,6 +236,7 @@ def train(
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "train_config": asdict(config),
             "step": step, "epoch": epoch, "position": position, "seconds": time.perf_counter() - started,
             "losses": losses, "learning_rate": learning_rate, "best": best, "stale": stale,
+            "best_check": best_check, "best_weights": best_weights,
         })
 
     stop_reason = None
@@ -271,11 +277,23 @@ def train(
             if epoch_loss < config.check_below_loss:
                 exact, min_margin = check_reproduction(model, examples, batches, pad_id, config)
                 log(f"  reproduced {exact}/{len(examples)} examples, smallest margin {min_margin:.2f}")
+                if (exact, min_margin) > best_check:
+                    best_check = (exact, min_margin)
+                    best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 if exact == len(examples) and min_margin >= config.done_margin:
                     stop_reason = stop_reason or "done"
+                elif exact == len(examples) and learning_rate > config.min_learning_rate:
+                    # Everything is reproduced; smaller steps now widen the margins instead of
+                    # trading one example's for another's.
+                    learning_rate, stale = max(config.min_learning_rate, learning_rate / 2), 0
+                    log(f"  learning rate halved to {learning_rate:.2e}")
     if stop_reason != "done":
         exact, min_margin = check_reproduction(model, examples, batches, pad_id, config)
-    save()
+    save()  # the last weights: a resumed run continues from them
+    if best_weights is not None and best_check > (exact, min_margin):
+        model.load_state_dict(best_weights)  # what the model directory gets
+        exact, min_margin = best_check
+        log(f"  kept the weights of the best check ({exact}/{len(examples)} reproduced)")
     recent = losses[-len(batches):]
     return TrainReport(
         steps=step, epochs=epoch, seconds=round(time.perf_counter() - started, 1),

@@ -17,11 +17,13 @@ from hsd_cli.stages.rasterize import render_page
 from tests.conftest import run_hsd
 
 
-def _request(replay_corpus, model_dir, steps, resume=False, evaluate=False):
+def _request(replay_corpus, model_dir, steps, resume=False, evaluate=False, check_every_epoch=False):
     inputs, outputs = replay_corpus
+    # check_below_loss=inf: completion checks (best weights, rate halving) run after every epoch.
+    train = TrainConfig(seed=3, max_steps=steps, warmup_steps=2, check_below_loss=float("inf") if check_every_epoch else 0.05)
     return BuildRequest(
         outputs_dir=outputs, inputs_dir=inputs, model_dir=model_dir, name="fixture-replay", licence="CC0 (test)",
-        shape=TINY_SHAPE, train=TrainConfig(seed=3, max_steps=steps, warmup_steps=2), resume=resume, evaluate=evaluate,
+        shape=TINY_SHAPE, train=train, resume=resume, evaluate=evaluate,
     )
 
 
@@ -85,11 +87,11 @@ def test_hsd_convert_runs_the_replay_model(replay_model, replay_corpus, tmp_path
 
 
 def test_same_seed_gives_same_weights_and_resume_continues_exactly(replay_corpus, tmp_path):
-    build(_request(replay_corpus, tmp_path / "straight", steps=4))
-    build(_request(replay_corpus, tmp_path / "resumed", steps=2))
+    build(_request(replay_corpus, tmp_path / "straight", steps=7, check_every_epoch=True))
+    build(_request(replay_corpus, tmp_path / "resumed", steps=3, check_every_epoch=True))
     assert (tmp_path / "resumed" / "replay_checkpoint" / "train_state.pt").is_file()
-    record = build(_request(replay_corpus, tmp_path / "resumed", steps=4, resume=True))
-    assert record["training"]["steps"] == 4
+    record = build(_request(replay_corpus, tmp_path / "resumed", steps=7, resume=True, check_every_epoch=True))
+    assert record["training"]["steps"] == 7 and record["training"]["epochs"] >= 2
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")
     assert straight.keys() == resumed.keys()
