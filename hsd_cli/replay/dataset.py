@@ -20,7 +20,7 @@ from hsd_cli.replay.align import locate
 from hsd_cli.replay.fingerprint import PageFingerprint, fingerprint
 from hsd_cli.stages.draft import draft_page, make_draft_backend
 from hsd_cli.stages.rasterize import crop_block, open_document, render_page
-from hsd_cli.stages.vlm import _NO_REGION
+from hsd_cli.stages.vlm import NO_REGION_KINDS
 
 # `<stem>_pg<N>_repeat<K>.md` (olmOCR-Bench candidates) or `<stem>.md` (page 1 of `<stem>`).
 _REPEAT = re.compile(r"^(?P<name>.+?)(?:_repeat(?P<repeat>\d+))?$")
@@ -111,7 +111,7 @@ def prepare(
         prints.append(fingerprint(image.image, source, pair.page_no))
         crops = 0
         for block in draft.blocks:
-            if block.kind in _NO_REGION or not block.text:
+            if block.kind in NO_REGION_KINDS or not block.text:
                 continue  # hsd convert never makes region passes for these
             crop = crop_block(image, block.bbox, region_padding_px)  # the region stage's own crop
             if crop is None:

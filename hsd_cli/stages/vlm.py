@@ -20,7 +20,7 @@ from hsd_cli.replay.fingerprint import replay_fingerprint_check
 from hsd_cli.stages.rasterize import crop_block
 
 # Blocks that are not worth a region pass: furniture is not in the page output, figures have no text.
-_NO_REGION = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER, BlockKind.FIGURE}
+NO_REGION_KINDS = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER, BlockKind.FIGURE}
 REGION_BATCH = 8
 # Flag of a page that a replay model (a benchmark stand-in) was not built on.
 OUTSIDE_REPLAY_SET = "outside_replay_set"
@@ -91,7 +91,7 @@ class VlmStages:
         drafts: list[str] = []
         items, slots = [], []
         for block in blocks:
-            if block.kind in _NO_REGION or not block.text:
+            if block.kind in NO_REGION_KINDS or not block.text:
                 continue
             crop = crop_block(image, block.bbox, self.settings.region_padding_px) if wants_region(block) else None
             if crop is not None:
