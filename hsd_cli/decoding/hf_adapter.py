@@ -577,8 +577,14 @@ def _tokenizer_corpus() -> list[str]:
     return [_PROSE, *docs, *markup]
 
 
-def build_tiny_tokenizer(tokens: TinyTokens = QWEN_TOKENS, vocab_size: int = 1024):
-    """A byte-level BPE trained offline on a fixed corpus, with the family's special tokens."""
+def build_tiny_tokenizer(
+    tokens: TinyTokens = QWEN_TOKENS,
+    vocab_size: int = 1024,
+    corpus: Sequence[str] | None = None,
+    min_frequency: int = 0,
+):
+    """A byte-level BPE trained offline on `corpus` (default: a fixed one), with the family's
+    special tokens. Every byte is a token, so any text encodes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -587,11 +593,12 @@ def build_tiny_tokenizer(tokens: TinyTokens = QWEN_TOKENS, vocab_size: int = 102
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
+        min_frequency=min_frequency,
         special_tokens=tokens.all,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    core.train_from_iterator(_tokenizer_corpus() if corpus is None else corpus, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token=tokens.eos,

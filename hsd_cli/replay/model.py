@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, adapter_for
+from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, adapter_for, build_tiny_tokenizer
 
 FAMILY = "qwen2_5_vl"
 PATCH = 14
@@ -59,37 +59,9 @@ def _general_text() -> list[str]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    """Byte-level BPE (every byte is a token, so any text encodes) trained on `texts` plus
-    general text, with Qwen's chat and vision special tokens (as `build_tiny_tokenizer` does)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokens = QWEN_TOKENS
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,  # no merges for one-off strings: keeps the tokenizer general
-        special_tokens=tokens.all,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    core.train_from_iterator([*texts, *_general_text()], trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token=tokens.eos,
-        pad_token=tokens.pad,
-        extra_special_tokens={
-            "image_token": tokens.image,
-            "video_token": tokens.video,
-            "image_start_token": tokens.vision_start,
-            "image_end_token": tokens.vision_end,
-        },
-        additional_special_tokens=[t for t in tokens.all if t not in (tokens.eos, tokens.pad)],
-    )
-    tokenizer.chat_template = tokens.chat_template
-    return tokenizer
+    """Byte-level BPE trained on `texts` plus general text, with Qwen's chat and vision tokens."""
+    # min_frequency 2: no merges for one-off strings, which keeps the tokenizer general.
+    return build_tiny_tokenizer(QWEN_TOKENS, vocab_size, corpus=[*texts, *_general_text()], min_frequency=2)
 
 
 def model_config(shape: ReplayShape, tokenizer):
