@@ -115,6 +115,12 @@ class QwenVLAdapter(FamilyAdapter):
         template = _processor_chat_template(path) or tokenizer.chat_template
         return self._processor_class()(image_processor, tokenizer, chat_template=template)
 
+    def new_processor(self, tokenizer, **image_settings):
+        """A processor for a model built here (tiny random or replay): the family's processor
+        classes around `tokenizer`, the image processor made with `image_settings`."""
+        image_processor = self._image_processor_class()(**image_settings)
+        return self._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+
     def _processor_base(self) -> type:
         from transformers import Qwen2_5_VLProcessor
 
@@ -711,9 +717,7 @@ def _tiny_processor(family: str, tokenizer, config):
     patch = config.vision_config.patch_size
     merged = patch * config.vision_config.spatial_merge_size
     pixels = dict(min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2)
-    adapter = adapter_for(family)
-    image_processor = adapter._image_processor_class()(patch_size=patch, **pixels)
-    return adapter._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+    return adapter_for(family).new_processor(tokenizer, patch_size=patch, **pixels)
 
 
 def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:

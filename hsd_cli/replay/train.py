@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, adapter_for
-from hsd_cli.replay.model import FAMILY
+from hsd_cli.replay.model import FAMILY, use_matmul_patch_projection
 
 CHECKPOINT_FILE = "replay_checkpoint/train_state.pt"
 
@@ -207,6 +207,7 @@ def train(
 ) -> TrainReport:
     torch.set_num_threads(1)  # the machine is shared; one thread is also what makes runs repeatable
     torch.manual_seed(config.seed)
+    use_matmul_patch_projection(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
     batches = make_batches(examples, config.batch_tokens)
     heads = [head(e, config.first_tokens) for e in examples]

@@ -116,3 +116,27 @@ def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
 def test_default_model_dir_is_the_user_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_model_dir("olmocr-replay") == tmp_path / "hsd" / "replay" / "olmocr-replay"
+
+
+def test_matmul_patch_projection_equals_the_stock_convolution():
+    import torch
+
+    from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, build_tiny_tokenizer
+    from hsd_cli.replay.model import new_model, use_matmul_patch_projection
+
+    tokenizer = build_tiny_tokenizer(QWEN_TOKENS, TINY_SHAPE.vocab_size)
+    model = new_model(TINY_SHAPE, tokenizer, seed=0)
+    stock = model.model.visual.patch_embed
+    patches = torch.randn(6, stock.in_channels * stock.temporal_patch_size * stock.patch_size**2)
+    keys = set(model.state_dict())
+    expected = stock(patches)
+    expected.pow(2).sum().backward()
+    expected_grad, stock.proj.weight.grad = stock.proj.weight.grad.clone(), None
+    use_matmul_patch_projection(model)
+    projected = model.model.visual.patch_embed(patches)
+    projected.pow(2).sum().backward()
+    assert type(model.model.visual.patch_embed.proj) is not torch.nn.Conv3d
+    torch.testing.assert_close(projected, expected)
+    # Same sums in another order: fp32 rounding only.
+    torch.testing.assert_close(model.model.visual.patch_embed.proj.weight.grad, expected_grad, rtol=1e-4, atol=1e-4)
+    assert set(model.state_dict()) == keys  # saved weights load into the stock module
