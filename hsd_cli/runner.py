@@ -22,7 +22,7 @@ from hsd_cli import __version__
 from hsd_cli.config import ConvertConfig, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.pipeline import DocumentOutcome, DocumentTask, config_hash, file_sha256
+from hsd_cli.pipeline import DocumentOutcome, DocumentTask, config_hash, file_sha256, with_speedup
 from hsd_cli.records import DocStatus
 from hsd_cli.worker import Limits, WorkerPool
 
@@ -282,22 +282,11 @@ def run_convert(
 def _decoding_summary(per_document: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not per_document:
         return None
-    forwards = sum(d["forwards"] for d in per_document)
-    tokens = sum(d["new_tokens"] for d in per_document)
-    page_s = sum(d["page_s"] for d in per_document)
-    summary: dict[str, Any] = {
-        "pages": sum(d["pages"] for d in per_document),
-        "forwards": forwards,
-        "new_tokens": tokens,
-        "tau": round(tokens / forwards, 3) if forwards else 0.0,
-        "page_s": round(page_s, 3),
-    }
+    keys = ["pages", "forwards", "new_tokens", "region_s", "page_s"]
     if all("baseline_page_s" in d for d in per_document):
-        baseline_s = sum(d["baseline_page_s"] for d in per_document)
-        summary["speedup"] = {"value": round(baseline_s / page_s, 3) if page_s else 0.0, "kind": "measured"}
-    else:
-        summary["speedup"] = {"value": summary["tau"], "kind": "estimate (tau; tree forwards cost more)"}
-    return summary
+        keys.append("baseline_page_s")
+    summed = {key: sum(d.get(key, 0) for d in per_document) for key in keys}
+    return with_speedup({key: round(value, 3) if key.endswith("_s") else value for key, value in summed.items()})
 
 
 def _summary(

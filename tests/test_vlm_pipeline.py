@@ -31,6 +31,10 @@ def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_mo
     assert (tmp_path / "report.md").read_text().strip() == page["markdown"]
     decoding = json.loads(result.stdout)["decoding"]
     assert decoding["pages"] == 1 and decoding["speedup"]["kind"] == "measured"
+    assert (decoding["region_s"] > 0) == (stages == "region-page")
+    # The region passes are part of what speculation costs: plain page decoding against both.
+    spent = decoding["region_s"] + decoding["page_s"]
+    assert decoding["speedup"]["value"] == pytest.approx(decoding["baseline_page_s"] / spent, rel=1e-2)
 
 
 def test_auto_stages_run_regions_only_for_uncertain_blocks(tiny_model, docs_dir, tmp_path):
