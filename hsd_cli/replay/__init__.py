@@ -2,7 +2,7 @@
 outputs on known pages, so speculative decoding can be measured on realistic model output here.
 
     hsd replay-model build --outputs DIR --inputs DIR [-o MODEL_DIR | --name NAME]
-    hsd replay-model eval MODEL_DIR|NAME --json
+    hsd replay-model eval MODEL_DIR|NAME [--converted CONVERT_OUT_DIR] --json
 
 The pipeline can call `replay_fingerprint_check(model_dir, page_image)` to warn when a replay
 model is given a page it was not built on.
@@ -117,14 +117,29 @@ def build_command(
 def eval_command(
     model: Annotated[str, typer.Argument(help="Replay model directory or name in the user cache.")],
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32 or bfloat16 (default: as hsd convert).")] = None,
+    converted: Annotated[
+        Path | None,
+        typer.Option("--converted", help="Score an `hsd convert --model` output directory instead of decoding."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the scores as JSON on stdout.")] = False,
 ) -> None:
-    """Greedy-decode every page and crop of a replay model and score it against the targets."""
-    from hsd_cli.replay.evaluate import evaluate
+    """Greedy-decode every page and crop of a replay model and score it against the targets; with
+    --converted, score the pages of a convert run against them instead."""
+    from hsd_cli.replay.evaluate import evaluate, evaluate_converted
 
     if dtype not in (None, "float32", "bfloat16"):
         _fail(f"--dtype must be float32 or bfloat16, got {dtype}")
-    scores = evaluate(_resolve_model_dir(model), dtype=dtype)
+    model_dir = _resolve_model_dir(model)
+    if converted is not None:
+        if dtype is not None:
+            _fail("--dtype is for decoding; --converted scores what a convert run already decoded")
+        if not converted.is_dir():
+            _fail(f"--converted {converted}: not a directory")
+        scores = evaluate_converted(model_dir, converted)
+        if not scores["pages"]:
+            _fail(f"--converted {converted}: none of the model's {len(scores['missing'])} pages is in an hsd JSON there")
+    else:
+        scores = evaluate(model_dir, dtype=dtype)
     if json_output:
         sys.stdout.write(json.dumps(scores) + "\n")
     else:

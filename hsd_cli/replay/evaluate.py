@@ -3,6 +3,7 @@ core (as `hsd convert` runs it), character accuracy against the published text."
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -48,4 +49,46 @@ def evaluate(model_dir: Path, dtype: str | None = None, device: str = "cpu") -> 
         "exact_pages": sum(score == 1.0 for score in page_scores),
         "seconds_per_page": round(sum(seconds) / len(seconds), 3) if seconds else None,
         "dtype": str(target.dtype).removeprefix("torch."),
+    }
+
+
+def _converted_pages(out_dir: Path) -> dict[tuple[str, int], dict]:
+    """(source path as converted, page number) -> page record, from every hsd JSON under out_dir."""
+    pages = {}
+    for path in sorted(out_dir.rglob("*.json")):
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if not isinstance(document, dict) or document.get("schema") != "hsd.document":
+            continue
+        for page in document["pages"]:
+            pages[(Path(document["source"]["path"]).as_posix(), page["page"])] = page
+    return pages
+
+
+def evaluate_converted(model_dir: Path, out_dir: Path) -> dict:
+    """How closely an `hsd convert --model <this replay model>` run reproduced the published
+    outputs: each replay page is looked up in the hsd JSON under `out_dir` by its document's path
+    relative to the build's inputs (any converted root) and page number.
+    {"pages", "missing", "page_char_accuracy", "exact_pages", "model_pages"}; model_pages counts
+    pages whose text came from the model (the others fell back to the draft or ran without it)."""
+    converted = _converted_pages(out_dir)
+    scores, model_pages, missing = [], 0, []
+    for example in load_examples(model_dir / DATA_DIR):
+        if example.kind != "page":
+            continue
+        found = [page for (path, page_no), page in converted.items()
+                 if page_no == example.page_no and (path == example.source or path.endswith("/" + example.source))]
+        if len(found) != 1:
+            missing.append(f"{example.source} page {example.page_no}")
+            continue
+        scores.append(char_accuracy(found[0]["markdown"].strip(), example.target))
+        model_pages += found[0].get("text_source") == "model"
+    return {
+        "pages": len(scores),
+        "missing": missing,
+        "page_char_accuracy": round(sum(scores) / len(scores), 4) if scores else None,
+        "exact_pages": sum(score == 1.0 for score in scores),
+        "model_pages": model_pages,
     }

@@ -118,6 +118,31 @@ def test_default_model_dir_is_the_user_cache(monkeypatch, tmp_path):
     assert default_model_dir("olmocr-replay") == tmp_path / "hsd" / "replay" / "olmocr-replay"
 
 
+def test_eval_converted_scores_a_convert_run_against_the_published_pages(replay_model, replay_corpus, tmp_path):
+    from hsd_cli.replay.align import char_accuracy
+    from tests.replay.conftest import PAGE_OUTPUTS
+
+    model_dir, _ = replay_model
+    inputs, _ = replay_corpus
+    out = tmp_path / "out"
+    converted = run_hsd("convert", inputs, "-o", out, "--model", model_dir, "--stages", "page", "--max-new-tokens", "12")
+    assert converted.exit_code == 0, converted.stderr
+    document = json.loads((out / "report.json").read_text())
+    # Page 1 as the real system published it; page 2 whatever the barely trained model said.
+    document["pages"][0]["markdown"] = PAGE_OUTPUTS[0]
+    (out / "report.json").write_text(json.dumps(document))
+    result = CliRunner().invoke(replay_app, ["eval", str(model_dir), "--converted", str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    scores = json.loads(result.stdout)
+    assert (scores["pages"], scores["missing"]) == (2, [])
+    assert scores["model_pages"] == sum(page["text_source"] == "model" for page in document["pages"])
+    second = char_accuracy(document["pages"][1]["markdown"].strip(), PAGE_OUTPUTS[1].strip())
+    assert scores["exact_pages"] == 1 + (second == 1.0)
+    assert scores["page_char_accuracy"] == pytest.approx((1.0 + second) / 2, abs=1e-4)
+    empty = CliRunner().invoke(replay_app, ["eval", str(model_dir), "--converted", str(tmp_path / "nothing-here")])
+    assert empty.exit_code == 2 and "not a directory" in empty.stderr
+
+
 def test_matmul_patch_projection_equals_the_stock_convolution():
     import torch
 
