@@ -3,6 +3,7 @@ outputs on known pages, so speculative decoding can be measured on realistic mod
 
     hsd replay-model build --outputs DIR --inputs DIR [-o MODEL_DIR | --name NAME]
     hsd replay-model eval MODEL_DIR|NAME [--converted CONVERT_OUT_DIR] --json
+    hsd replay-model status MODEL_DIR|NAME --json
 
 The pipeline can call `replay_fingerprint_check(model_dir, page_image)` to warn when a replay
 model is given a page it was not built on.
@@ -37,15 +38,18 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _resolve_model_dir(model: str) -> Path:
-    """A directory, or the name of a replay model in the user cache."""
+def _resolve_model_dir(model: str, finished: bool = True) -> Path:
+    """A directory, or the name of a replay model in the user cache; `finished=False` also takes
+    a build that has not saved its model yet."""
     from hsd_cli.replay.build import default_model_dir
 
     path = Path(model)
     if not path.is_dir() and not Path(model).parent.parts:
         path = default_model_dir(model)
-    if not (path / "replay.json").is_file() or not (path / "config.json").is_file():
-        _fail(f"{model}: not a finished replay model directory (no replay.json and config.json)")
+    if not (path / "replay.json").is_file():
+        _fail(f"{model}: not a replay model directory (no replay.json)")
+    if finished and not (path / "config.json").is_file():
+        _fail(f"{model}: the build has not finished (no config.json); `hsd replay-model status {model}` shows where it is")
     return path
 
 
@@ -145,3 +149,31 @@ def eval_command(
     else:
         for key, value in scores.items():
             _stderr.print(f"{key}: {value}")
+
+
+@replay_app.command("status")
+def status_command(
+    model: Annotated[str, typer.Argument(help="Replay model directory or name in the user cache (finished or not).")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print the status as JSON on stdout.")] = False,
+) -> None:
+    """Where a build stands, from its last checkpoint: epochs, minutes, loss, and how many pages and
+    crops greedy decoding would reproduce (teacher-forced; no decoding, so it is quick)."""
+    from hsd_cli.replay.build import build_status
+    from hsd_cli.replay.dataset import ReplayInputError
+
+    try:
+        status = build_status(_resolve_model_dir(model, finished=False))
+    except ReplayInputError as exc:
+        _fail(str(exc))
+    if json_output:
+        sys.stdout.write(json.dumps(status) + "\n")
+        return
+    _stderr.print(
+        f"{status['name']}: epoch {status['epochs']}, {status['training_minutes']} min trained, "
+        f"learning rate {status['learning_rate']:.2e}, loss {status['loss']}", markup=False,
+    )
+    for kind, figures in status["teacher_forced"].items():
+        _stderr.print(
+            f"  {kind}s: {figures['reproduced']}/{figures['examples']} reproduced, "
+            f"token accuracy {figures['token_accuracy']} (teacher-forced)", markup=False,
+        )

@@ -14,11 +14,20 @@ from pathlib import Path
 from hsd_cli.config import ConvertConfig
 from hsd_cli.models.settings import settings_for
 from hsd_cli.replay.card import model_card
-from hsd_cli.replay.dataset import DATA_DIR, ReplayInputError, load_examples, load_image, pair_pages, prepare
+from hsd_cli.replay.dataset import DATA_DIR, Example, ReplayInputError, load_examples, load_image, pair_pages, prepare
 from hsd_cli.replay.evaluate import evaluate
 from hsd_cli.replay.fingerprint import REPLAY_FILE
 from hsd_cli.replay.model import FAMILY, ReplayShape, build_processor, new_model, parameter_count, save_model_dir, train_tokenizer
-from hsd_cli.replay.train import CHECKPOINT_FILE, TrainConfig, encode_examples, train
+from hsd_cli.replay.train import (
+    CHECKPOINT_FILE,
+    Encoded,
+    TrainConfig,
+    answer_margins,
+    encode_examples,
+    load_checkpoint,
+    make_batches,
+    train,
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,12 @@ def _started_record(request: BuildRequest, log) -> dict:
     }
 
 
+def _encoded(processor, data_dir: Path, examples: list[Example]) -> list[Encoded]:
+    settings = settings_for(FAMILY)
+    prompts = {"page": settings.page_prompt, "crop": settings.region_prompt}
+    return encode_examples(processor, [(load_image(data_dir, e), prompts[e.kind], e.target) for e in examples])
+
+
 def build(request: BuildRequest, log=lambda message: None) -> dict:
     """Build (or with `resume`, continue) a replay model; returns its replay.json record."""
     from transformers.utils import logging as hf_logging
@@ -107,8 +122,7 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
         tokenizer = train_tokenizer([*pages, settings.page_prompt, settings.region_prompt], shape.vocab_size)
         processor = build_processor(shape, tokenizer)
         processor.save_pretrained(model_dir)
-    prompts = {"page": settings.page_prompt, "crop": settings.region_prompt}
-    encoded = encode_examples(processor, [(load_image(data_dir, e), prompts[e.kind], e.target) for e in examples])
+    encoded = _encoded(processor, data_dir, examples)
     model = new_model(shape, processor.tokenizer, request.train.seed)
     log(f"{len(examples)} examples ({sum(e.kind == 'page' for e in examples)} pages), "
         f"{parameter_count(model):,} parameters, {sum(x.length for x in encoded):,} tokens per epoch")
@@ -124,3 +138,43 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
     _write_json(record_file, record)
     (model_dir / "README.md").write_text(model_card(record), encoding="utf-8")
     return record
+
+
+def build_status(model_dir: Path) -> dict:
+    """Where a build stands, from its last checkpoint (a running or stopped build included):
+    epochs, training minutes, learning rate, the last epoch's loss, and per example kind how many
+    examples greedy decoding would reproduce, teacher-forced (one forward pass each, no decoding)."""
+    from hsd_cli.decoding.hf_adapter import adapter_for
+
+    checkpoint = model_dir / CHECKPOINT_FILE
+    if not checkpoint.is_file():
+        raise ReplayInputError(f"{model_dir}: no checkpoint yet (a build saves one every few minutes of training)")
+    record = json.loads((model_dir / REPLAY_FILE).read_text(encoding="utf-8"))
+    processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
+    examples = load_examples(model_dir / DATA_DIR)
+    encoded = _encoded(processor, model_dir / DATA_DIR, examples)
+    state = load_checkpoint(checkpoint)
+    config = TrainConfig(**state["train_config"])
+    model = new_model(ReplayShape(**record["shape"]), processor.tokenizer, config.seed)
+    model.load_state_dict(state["model"])
+    batches = make_batches(encoded, config.batch_tokens)
+    margins = answer_margins(model, encoded, batches, processor.tokenizer.pad_token_id, config.bf16)
+    kinds = {}
+    for kind in ("page", "crop"):
+        chosen = [m for e, m in zip(examples, margins, strict=True) if e.kind == kind]
+        tokens = sum(len(m) for m in chosen)
+        kinds[kind] = {
+            "examples": len(chosen),
+            "reproduced": sum(bool((m > 0).all()) for m in chosen),
+            "token_accuracy": round(sum(int((m > 0).sum()) for m in chosen) / tokens, 4) if tokens else None,
+        }
+    last_epoch = state["losses"][-len(batches):]
+    return {
+        "name": record["name"],
+        "epochs": state["epoch"],
+        "steps": state["step"],
+        "training_minutes": round(state["seconds"] / 60, 1),
+        "learning_rate": state["learning_rate"],
+        "loss": round(sum(last_epoch) / len(last_epoch), 4) if last_epoch else None,
+        "teacher_forced": kinds,
+    }

@@ -162,26 +162,34 @@ def batch_loss(model, examples: Sequence[Encoded], pad_id: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def check_reproduction(model, examples: Sequence[Encoded], batches, pad_id: int, config: TrainConfig) -> tuple[int, float]:
-    """(examples whose answer tokens are all the argmax, smallest argmax margin over all tokens)."""
+def answer_margins(model, examples: Sequence[Encoded], batches, pad_id: int, bf16: bool) -> list[torch.Tensor]:
+    """Per example (in `examples` order), teacher-forced: each answer token's logit minus the best
+    other token's. Greedy decoding reproduces an example when all its margins are > 0."""
     model.eval()
-    exact, min_margin = 0, float("inf")
+    margins: list[torch.Tensor | None] = [None] * len(examples)
     for batch in batches:
-        members = [examples[i] for i in batch]
-        inputs, labels = _collate(members, pad_id)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        inputs, labels = _collate([examples[i] for i in batch], pad_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits, where = _answer_logits(model, inputs, labels)
         gold = labels[where]
         gold_logit = logits.gather(1, gold[:, None])[:, 0]
         rival = logits.scatter(1, gold[:, None], float("-inf")).max(1).values
         margin = gold_logit - rival
         row_of = where.nonzero()[:, 0]
-        for row in range(len(members)):
-            row_margin = margin[row_of == row]
-            exact += bool((row_margin > 0).all())
-            min_margin = min(min_margin, float(row_margin.min()))
+        for row, index in enumerate(batch):
+            margins[index] = margin[row_of == row]
     model.train()
-    return exact, min_margin
+    return margins
+
+
+def check_reproduction(model, examples: Sequence[Encoded], batches, pad_id: int, config: TrainConfig) -> tuple[int, float]:
+    """(examples whose answer tokens are all the argmax, smallest argmax margin over all tokens)."""
+    margins = answer_margins(model, examples, batches, pad_id, config.bf16)
+    return sum(bool((m > 0).all()) for m in margins), min(float(m.min()) for m in margins)
+
+
+def load_checkpoint(path: Path) -> dict:
+    return torch.load(path, weights_only=False)
 
 
 def _fixed_settings(settings: dict) -> dict:
@@ -218,7 +226,7 @@ def train(
     # in training the margins oscillate around 0, and the last weights can be a worse pick.
     best_check, best_weights = (-1, float("-inf")), None
     if resume and checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = load_checkpoint(checkpoint)
         if _fixed_settings(state["train_config"]) != _fixed_settings(asdict(config)):
             raise ValueError(f"{checkpoint} was made with other training settings; build afresh without --resume")
         model.load_state_dict(state["model"])

@@ -143,6 +143,27 @@ def test_eval_converted_scores_a_convert_run_against_the_published_pages(replay_
     assert empty.exit_code == 2 and "not a directory" in empty.stderr
 
 
+def test_status_reports_a_build_from_its_checkpoint(replay_model, tmp_path):
+    model_dir, record = replay_model
+    result = CliRunner().invoke(replay_app, ["status", str(model_dir), "--json"])
+    assert result.exit_code == 0, result.stderr
+    status = json.loads(result.stdout)
+    training = record["training"]
+    assert (status["steps"], status["epochs"]) == (training["steps"], training["epochs"])
+    forced = status["teacher_forced"]
+    assert (forced["page"]["examples"], forced["crop"]["examples"]) == (record["eval"]["pages"], record["eval"]["crops"])
+    # The checkpoint holds the weights the build's last completion check ran on.
+    assert forced["page"]["reproduced"] + forced["crop"]["reproduced"] == training["exact_examples"]
+    assert all(0.0 <= forced[kind]["token_accuracy"] <= 1.0 for kind in forced)
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "replay.json").write_text(json.dumps({"name": "unfinished"}))
+    early = CliRunner().invoke(replay_app, ["status", str(unfinished)])
+    assert early.exit_code == 2 and "no checkpoint yet" in early.stderr and early.stderr.count("\n") == 1
+    not_done = CliRunner().invoke(replay_app, ["eval", str(unfinished)])
+    assert not_done.exit_code == 2 and "replay-model status" in not_done.stderr
+
+
 def test_matmul_patch_projection_equals_the_stock_convolution():
     import torch
 
