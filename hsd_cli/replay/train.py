@@ -38,12 +38,8 @@ class TrainConfig:
     first_weight: float = 1.0
     batch_tokens: int = 4096  # padded tokens per batch (examples of similar length go together)
     head_batch_tokens: int = 2048
-    # Halve the learning rate when the epoch loss has not set a new best for this many epochs; a
-    # new best must beat the old one by this fraction. Without the margin a loss that wanders at
-    # its noise floor keeps setting tiny new bests and the rate never drops (seen on full builds:
-    # 85 epochs at the initial rate).
+    # Halve the learning rate when the epoch loss has not set a new best for this many epochs.
     patience: int = 6
-    plateau_threshold: float = 0.02
     min_learning_rate: float = 3e-5
     max_minutes: float = 120.0  # training time over all resumed runs
     max_steps: int | None = None
@@ -196,18 +192,9 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, weights_only=False)
 
 
-def is_new_best(epoch_loss: float, best: float, threshold: float) -> bool:
-    return epoch_loss < best * (1.0 - threshold)
-
-
-# May differ between a checkpoint and the run resuming it: the limits, and the plateau margin
-# (builds checkpointed before it existed resume with it).
-_RESUMABLE_SETTINGS = ("max_minutes", "max_steps", "checkpoint_minutes", "plateau_threshold")
-
-
 def _fixed_settings(settings: dict) -> dict:
-    """The settings a resumed run must share with its checkpoint."""
-    return {k: v for k, v in settings.items() if k not in _RESUMABLE_SETTINGS}
+    """The settings a resumed run must share with its checkpoint (the limits may grow)."""
+    return {k: v for k, v in settings.items() if k not in ("max_minutes", "max_steps", "checkpoint_minutes")}
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -291,7 +278,7 @@ def train(
         if position >= len(order):
             epoch_loss = sum(losses[-len(order):]) / len(order)
             epoch, position = epoch + 1, 0
-            best, stale = (epoch_loss, 0) if is_new_best(epoch_loss, best, config.plateau_threshold) else (best, stale + 1)
+            best, stale = (epoch_loss, 0) if epoch_loss < best else (best, stale + 1)
             if stale >= config.patience and learning_rate > config.min_learning_rate:
                 learning_rate, stale = max(config.min_learning_rate, learning_rate / 2), 0
                 log(f"  learning rate halved to {learning_rate:.2e}")

@@ -186,22 +186,3 @@ def test_matmul_patch_projection_equals_the_stock_convolution():
     # Same sums in another order: fp32 rounding only.
     torch.testing.assert_close(model.model.visual.patch_embed.proj.weight.grad, expected_grad, rtol=1e-4, atol=1e-4)
     assert set(model.state_dict()) == keys  # saved weights load into the stock module
-
-
-def test_plateau_needs_a_clear_new_best():
-    from hsd_cli.replay.train import is_new_best
-
-    assert is_new_best(0.97, 1.0, 0.02) and not is_new_best(0.99, 1.0, 0.02)
-    assert is_new_best(0.99, 1.0, 0.0) and not is_new_best(1.0, 1.0, 0.0)
-
-
-def test_a_checkpoint_from_before_the_plateau_margin_resumes(replay_corpus, tmp_path):
-    import torch
-
-    build(_request(replay_corpus, tmp_path / "old", steps=2))
-    checkpoint = tmp_path / "old" / "replay_checkpoint" / "train_state.pt"
-    state = torch.load(checkpoint, weights_only=False)
-    del state["train_config"]["plateau_threshold"]  # as builds checkpointed before it existed
-    torch.save(state, checkpoint)
-    record = build(_request(replay_corpus, tmp_path / "old", steps=4, resume=True))
-    assert record["training"]["steps"] == 4
