@@ -12,6 +12,7 @@ model is given a page it was not built on.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -71,6 +72,9 @@ def build_command(
     minutes: Annotated[float, typer.Option("--minutes", help="Training time limit over all resumed runs.")] = 120.0,
     steps: Annotated[int | None, typer.Option("--steps", help="Training step limit.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the build in the model directory.")] = False,
+    threads: Annotated[
+        int, typer.Option("--threads", help="CPU threads for training (more is faster on a machine left to the build).")
+    ] = 1,
     shape: Annotated[str, typer.Option("--shape", help="default (6.3 M parameters) or tiny (tests).")] = "default",
     vocab_size: Annotated[
         int | None, typer.Option("--vocab-size", help="Tokenizer size (default 4096; more for CJK-heavy outputs).")
@@ -90,6 +94,8 @@ def build_command(
         _fail(f"--shape must be default or tiny, got {shape}")
     if minutes <= 0 or (steps is not None and steps <= 0):
         _fail("--minutes and --steps must be positive")
+    if not 1 <= threads <= (os.cpu_count() or 1):
+        _fail(f"--threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
     if vocab_size is not None and not 512 <= vocab_size <= 65536:
         _fail(f"--vocab-size must be between 512 and 65536, got {vocab_size}")
     chosen = TINY_SHAPE if shape == "tiny" else ReplayShape()
@@ -100,7 +106,7 @@ def build_command(
     request = BuildRequest(
         outputs_dir=outputs.resolve(), inputs_dir=inputs.resolve(), model_dir=model_dir, name=name,
         description=description, licence=licence, shape=chosen,
-        train=TrainConfig(seed=seed, max_minutes=minutes, max_steps=steps), resume=resume,
+        train=TrainConfig(seed=seed, max_minutes=minutes, max_steps=steps, threads=threads), resume=resume,
     )
     _stderr.print(f"building replay model {name} in {model_dir}")
     try:

@@ -5,8 +5,8 @@ batch: several examples of similar prompt length cut after their first answer to
 each step contrasts different images with their different openings, which full examples (one
 long page per batch) cannot do.
 
-Deterministic for a seed: one thread, a fixed batch order per epoch, no dropout; a resumed run
-continues exactly where the checkpoint stopped. It ends when every example is reproduced by
+Deterministic for a seed and thread count: a fixed batch order per epoch, no dropout; a resumed
+run continues exactly where the checkpoint stopped (bit for bit at the same thread count). It ends when every example is reproduced by
 greedy decoding (checked teacher-forced, with a logit margin), or at the step or time limit; the
 model then gets the weights of the best check.
 """
@@ -49,6 +49,9 @@ class TrainConfig:
     done_margin: float = 1.0
     check_below_loss: float = 0.05  # run the (forward-only) completion check once the loss is this low
     bf16: bool = True  # autocast: the matmuls of a model this small are faster in bf16 on CPU
+    # One by default: builds share the machine, and the sums of one thread are the same on any
+    # machine; more threads train faster on a machine left to the build.
+    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -193,8 +196,9 @@ def load_checkpoint(path: Path) -> dict:
 
 
 def _fixed_settings(settings: dict) -> dict:
-    """The settings a resumed run must share with its checkpoint (the limits may grow)."""
-    return {k: v for k, v in settings.items() if k not in ("max_minutes", "max_steps", "checkpoint_minutes")}
+    """The settings a resumed run must share with its checkpoint (the limits may grow, the thread
+    count may change)."""
+    return {k: v for k, v in settings.items() if k not in ("max_minutes", "max_steps", "checkpoint_minutes", "threads")}
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -213,7 +217,7 @@ def train(
     resume: bool,
     log: Callable[[str], None] = lambda message: None,
 ) -> TrainReport:
-    torch.set_num_threads(1)  # the machine is shared; one thread is also what makes runs repeatable
+    torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     use_matmul_patch_projection(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)

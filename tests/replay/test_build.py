@@ -4,6 +4,7 @@ import json
 
 import pymupdf
 import pytest
+import torch
 from PIL import Image
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -17,10 +18,13 @@ from hsd_cli.stages.rasterize import render_page
 from tests.conftest import run_hsd
 
 
-def _request(replay_corpus, model_dir, steps, resume=False, evaluate=False, check_every_epoch=False):
+def _request(replay_corpus, model_dir, steps, resume=False, evaluate=False, check_every_epoch=False, threads=1):
     inputs, outputs = replay_corpus
     # check_below_loss=inf: completion checks (best weights, rate halving) run after every epoch.
-    train = TrainConfig(seed=3, max_steps=steps, warmup_steps=2, check_below_loss=float("inf") if check_every_epoch else 0.05)
+    train = TrainConfig(
+        seed=3, max_steps=steps, warmup_steps=2, check_below_loss=float("inf") if check_every_epoch else 0.05,
+        threads=threads,
+    )
     return BuildRequest(
         outputs_dir=outputs, inputs_dir=inputs, model_dir=model_dir, name="fixture-replay", licence="CC0 (test)",
         shape=TINY_SHAPE, train=train, resume=resume, evaluate=evaluate,
@@ -98,6 +102,17 @@ def test_same_seed_gives_same_weights_and_resume_continues_exactly(replay_corpus
     assert all(bool((straight[k] == resumed[k]).all()) for k in straight)
 
 
+def test_resume_may_change_the_thread_count(replay_corpus, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        build(_request(replay_corpus, tmp_path / "model", steps=2))
+        record = build(_request(replay_corpus, tmp_path / "model", steps=4, resume=True, threads=2))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert record["training"]["steps"] == 4 and record["train_config"]["threads"] == 2
+
+
 def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
     inputs, outputs = replay_corpus
     runner = CliRunner()
@@ -109,6 +124,10 @@ def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
         replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "-o", str(tmp_path / "taken")]
     )
     assert taken.exit_code == 2 and "--resume" in taken.stderr and taken.stdout == ""
+    threads = runner.invoke(
+        replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--threads", "0", "-o", str(tmp_path / "t")]
+    )
+    assert threads.exit_code == 2 and "--threads" in threads.stderr and not (tmp_path / "t").exists()
     unknown = runner.invoke(replay_app, ["eval", str(tmp_path / "taken"), "--json"])
     assert unknown.exit_code == 2 and unknown.stdout == ""
 
