@@ -41,6 +41,10 @@ class TrainConfig:
     # Halve the learning rate when the epoch loss has not set a new best for this many epochs.
     patience: int = 6
     min_learning_rate: float = 3e-5
+    # The last part of the budget (steps if limited, else minutes) anneals the rate linearly to
+    # min_learning_rate: a noisy loss that keeps setting new bests never trips the plateau rule,
+    # and exact recall needs small steps at the end. A resume with a larger budget moves the phase.
+    anneal_fraction: float = 0.3
     max_minutes: float = 120.0  # training time over all resumed runs
     max_steps: int | None = None
     checkpoint_minutes: float = 5.0
@@ -201,6 +205,20 @@ def _fixed_settings(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in ("max_minutes", "max_steps", "checkpoint_minutes", "threads")}
 
 
+def annealed_rate(rate: float, min_rate: float, budget_used: float, anneal_fraction: float) -> float:
+    """`rate` until the last `anneal_fraction` of the budget, then linearly down to `min_rate`."""
+    start = 1.0 - anneal_fraction
+    if anneal_fraction <= 0 or budget_used <= start or rate <= min_rate:
+        return rate
+    return rate - (rate - min_rate) * min(1.0, (budget_used - start) / anneal_fraction)
+
+
+def _budget_used(config: TrainConfig, step: int, seconds: float) -> float:
+    if config.max_steps is not None:
+        return step / config.max_steps  # a step-limited build stays deterministic
+    return seconds / (config.max_minutes * 60)
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
@@ -231,7 +249,9 @@ def train(
     best_check, best_weights = (-1, float("-inf")), None
     if resume and checkpoint.is_file():
         state = load_checkpoint(checkpoint)
-        if _fixed_settings(state["train_config"]) != _fixed_settings(asdict(config)):
+        # Settings added since the checkpoint was made take their defaults.
+        made_with = {**asdict(TrainConfig()), **state["train_config"]}
+        if _fixed_settings(made_with) != _fixed_settings(asdict(config)):
             raise ValueError(f"{checkpoint} was made with other training settings; build afresh without --resume")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -257,8 +277,10 @@ def train(
         order = list(range(len(batches)))
         random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
         while position < len(order):
+            rate = annealed_rate(learning_rate, config.min_learning_rate,
+                                 _budget_used(config, step, time.perf_counter() - started), config.anneal_fraction)
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate * min(1.0, (step + 1) / config.warmup_steps)
+                group["lr"] = rate * min(1.0, (step + 1) / config.warmup_steps)
             head_batch = head_batches[step % len(head_batches)]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 loss = batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id)
@@ -286,7 +308,8 @@ def train(
             if stale >= config.patience and learning_rate > config.min_learning_rate:
                 learning_rate, stale = max(config.min_learning_rate, learning_rate / 2), 0
                 log(f"  learning rate halved to {learning_rate:.2e}")
-            log(f"epoch {epoch}: step {step}, loss {epoch_loss:.4f}, {(time.perf_counter() - started) / 60:.1f} min")
+            log(f"epoch {epoch}: step {step}, loss {epoch_loss:.4f}, rate {rate:.1e}, "
+                f"{(time.perf_counter() - started) / 60:.1f} min")
             if epoch_loss < config.check_below_loss:
                 exact, min_margin = check_reproduction(model, examples, batches, pad_id, config)
                 log(f"  reproduced {exact}/{len(examples)} examples, smallest margin {min_margin:.2f}")

@@ -13,17 +13,19 @@ from hsd_cli.decoding import build_tiny_random, decode, load_target
 from hsd_cli.replay import replay_app, replay_fingerprint_check
 from hsd_cli.replay.build import BuildRequest, build, default_model_dir
 from hsd_cli.replay.model import TINY_SHAPE
-from hsd_cli.replay.train import TrainConfig
+from hsd_cli.replay.train import TrainConfig, annealed_rate
 from hsd_cli.stages.rasterize import render_page
 from tests.conftest import run_hsd
 
 
-def _request(replay_corpus, model_dir, steps, resume=False, evaluate=False, check_every_epoch=False, threads=1):
+def _request(
+    replay_corpus, model_dir, steps, resume=False, evaluate=False, check_every_epoch=False, threads=1, anneal=0.3,
+):
     inputs, outputs = replay_corpus
     # check_below_loss=inf: completion checks (best weights, rate halving) run after every epoch.
     train = TrainConfig(
         seed=3, max_steps=steps, warmup_steps=2, check_below_loss=float("inf") if check_every_epoch else 0.05,
-        threads=threads,
+        threads=threads, anneal_fraction=anneal,
     )
     return BuildRequest(
         outputs_dir=outputs, inputs_dir=inputs, model_dir=model_dir, name="fixture-replay", licence="CC0 (test)",
@@ -91,15 +93,26 @@ def test_hsd_convert_runs_the_replay_model(replay_model, replay_corpus, tmp_path
 
 
 def test_same_seed_gives_same_weights_and_resume_continues_exactly(replay_corpus, tmp_path):
-    build(_request(replay_corpus, tmp_path / "straight", steps=7, check_every_epoch=True))
-    build(_request(replay_corpus, tmp_path / "resumed", steps=3, check_every_epoch=True))
+    # No annealing: it follows the step budget, which the resumed build raises from 3 to 7.
+    build(_request(replay_corpus, tmp_path / "straight", steps=7, check_every_epoch=True, anneal=0.0))
+    build(_request(replay_corpus, tmp_path / "resumed", steps=3, check_every_epoch=True, anneal=0.0))
     assert (tmp_path / "resumed" / "replay_checkpoint" / "train_state.pt").is_file()
-    record = build(_request(replay_corpus, tmp_path / "resumed", steps=7, resume=True, check_every_epoch=True))
+    record = build(_request(replay_corpus, tmp_path / "resumed", steps=7, resume=True, check_every_epoch=True, anneal=0.0))
     assert record["training"]["steps"] == 7 and record["training"]["epochs"] >= 2
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")
     assert straight.keys() == resumed.keys()
     assert all(bool((straight[k] == resumed[k]).all()) for k in straight)
+
+
+def test_the_rate_anneals_linearly_over_the_last_part_of_the_budget():
+    assert annealed_rate(2e-3, 2e-5, budget_used=0.5, anneal_fraction=0.25) == 2e-3
+    assert annealed_rate(2e-3, 2e-5, budget_used=0.75, anneal_fraction=0.25) == 2e-3
+    assert annealed_rate(2e-3, 2e-5, budget_used=0.875, anneal_fraction=0.25) == pytest.approx(1.01e-3)
+    assert annealed_rate(2e-3, 2e-5, budget_used=1.0, anneal_fraction=0.25) == pytest.approx(2e-5)
+    assert annealed_rate(2e-3, 2e-5, budget_used=1.2, anneal_fraction=0.25) == pytest.approx(2e-5)
+    assert annealed_rate(1e-5, 2e-5, budget_used=0.9, anneal_fraction=0.25) == 1e-5  # already below the floor
+    assert annealed_rate(2e-3, 2e-5, budget_used=1.0, anneal_fraction=0.0) == 2e-3  # switched off
 
 
 def test_resume_may_change_the_thread_count(replay_corpus, tmp_path):
