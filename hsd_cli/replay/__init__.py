@@ -115,7 +115,7 @@ def build_command(
         _fail(str(exc))
     scores = record.get("eval", {})
     _stderr.print(
-        f"done in {record['build_seconds'] / 60:.1f} min: page accuracy {scores.get('page_char_accuracy')}, "
+        f"done, whole build {record['build_seconds'] / 60:.1f} min: page accuracy {scores.get('page_char_accuracy')}, "
         f"crop accuracy {scores.get('crop_char_accuracy')}; card: {model_dir / 'README.md'}"
     )
     if json_output:

@@ -98,8 +98,11 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
     started = time.perf_counter()
     model_dir = request.model_dir
     record_file = model_dir / REPLAY_FILE
+    # Time outside training (rendering, drafting, loading, evaluation) of the earlier runs.
+    other_seconds = 0.0
     if request.resume and record_file.is_file():
         record = json.loads(record_file.read_text(encoding="utf-8"))
+        other_seconds = record.get("other_seconds", 0.0)
         shape = ReplayShape(**record["shape"])
         record["train_config"] = asdict(request.train)
         log(f"resuming the build in {model_dir}")
@@ -108,6 +111,7 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
             raise ReplayInputError(f"{model_dir} is not empty: give --resume to continue that build, or remove it")
         model_dir.mkdir(parents=True, exist_ok=True)
         record = _started_record(request, log)
+        record["other_seconds"] = round(time.perf_counter() - started, 1)  # kept if this run is killed
         shape = request.shape
         _write_json(record_file, record)
     data_dir = model_dir / DATA_DIR
@@ -133,8 +137,10 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
     if request.evaluate:
         log("evaluating (greedy decoding of every page and crop)")
         record["eval"] = evaluate(model_dir)
-    # Wall time of the finished runs of this build (a killed run's training time is in `training`).
-    record["build_seconds"] = round(record.get("build_seconds", 0.0) + time.perf_counter() - started, 1)
+    # A killed run's training time counts (the checkpoint has it); its few minutes outside training
+    # after the preparation do not.
+    record["other_seconds"] = round(other_seconds + time.perf_counter() - started - report.run_seconds, 1)
+    record["build_seconds"] = round(report.seconds + record["other_seconds"], 1)
     _write_json(record_file, record)
     (model_dir / "README.md").write_text(model_card(record), encoding="utf-8")
     return record

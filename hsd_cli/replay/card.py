@@ -12,6 +12,7 @@ def model_card(record: dict) -> str:
     source, training, scores = record["source"], record["training"], record.get("eval") or {}
     pages = "\n".join(f"- `{p['source']}` page {p['page_no']}" for p in record["fingerprints"])
     shape = record["shape"]
+    threads = record["train_config"]["threads"]
     return f"""# {record['name']}: a replay model (benchmark stand-in)
 
 **This model cannot read.** It is a {record['parameters'] / 1e6:.1f} M-parameter Qwen2.5-VL that hsd
@@ -38,10 +39,11 @@ its output is meaningless, and hsd warns on stderr when it is given one.
   {shape['vision_depth']} blocks x {shape['vision_width']} wide; own byte-level BPE tokenizer
   ({record['vocab_size']} tokens) with Qwen's chat and vision special tokens.
 - Parameters: {record['parameters']:,}
-- Training: {training['steps']} steps, {training['epochs']} epochs, {training['seconds'] / 60:.1f} min
-  on {record['build_host']} (1 thread), seed {record['train_config']['seed']}; ended by: {training['stop_reason']};
-  teacher-forced exact on {training['exact_examples']} of {training['examples']} examples.
-- Whole build (rendering, drafting, training, evaluation): {record['build_seconds'] / 60:.1f} min.
+- Training: {training['steps']} steps, {training['epochs']} epochs, {training['seconds'] / 60:.1f} min over all runs
+  on {record['build_host']} ({threads} thread{'s' if threads > 1 else ''} in the last run), seed {record['train_config']['seed']};
+  ended by: {training['stop_reason']}; teacher-forced exact on {training['exact_examples']} of {training['examples']} examples.
+- Whole build: {record['build_seconds'] / 60:.1f} min (training, plus {record['other_seconds'] / 60:.1f} min of rendering,
+  drafting, loading and evaluation).
 
 ## Measured accuracy (greedy, {scores.get('dtype', 'n/a')}; 1 - normalised edit distance)
 | pages | page char accuracy | exact pages | crops | crop char accuracy | seconds per page |

@@ -78,6 +78,7 @@ class TrainReport:
     steps: int
     epochs: int
     seconds: float  # training time over all resumed runs
+    run_seconds: float  # training time of this run
     loss: float  # mean loss of the last epoch
     exact_examples: int  # examples whose every answer token is the argmax (last check)
     examples: int
@@ -260,6 +261,7 @@ def train(
         best_check, best_weights = tuple(state["best_check"]), state["best_weights"]
         log(f"resumed at step {step} (epoch {epoch}, {spent / 60:.1f} min trained)")
     model.train()
+    resumed_seconds = spent
     started = time.perf_counter() - spent
     last_saved = time.perf_counter()
     exact, min_margin, epoch_loss = 0, float("-inf"), float("nan")
@@ -331,8 +333,9 @@ def train(
         exact, min_margin = best_check
         log(f"  kept the weights of the best check ({exact}/{len(examples)} reproduced)")
     recent = losses[-len(batches):]
+    seconds = time.perf_counter() - started
     return TrainReport(
-        steps=step, epochs=epoch, seconds=round(time.perf_counter() - started, 1),
+        steps=step, epochs=epoch, seconds=round(seconds, 1), run_seconds=round(seconds - resumed_seconds, 1),
         loss=round(sum(recent) / max(1, len(recent)), 5), exact_examples=exact, examples=len(examples),
         min_margin=round(min_margin, 3), stop_reason=stop_reason,
     )

@@ -49,6 +49,10 @@ def test_build_writes_a_loadable_model_with_record_and_card(replay_model):
     assert json.loads((model_dir / "replay.json").read_text())["parameters"] == record["parameters"]
     card = (model_dir / "README.md").read_text()
     assert "cannot read" in card and "CC0 (test)" in card and "`report.pdf` page 2" in card
+    # The whole build = training + the rest (rendering, drafting, evaluation), which takes time too.
+    assert record["other_seconds"] > 0
+    assert record["build_seconds"] == round(record["training"]["seconds"] + record["other_seconds"], 1)
+    assert f"Whole build: {record['build_seconds'] / 60:.1f} min" in card
     target = load_target(str(model_dir), device="cpu", dtype="float32")
     assert target.model.config.model_type == "qwen2_5_vl"
     page = Image.open(model_dir / "replay_data" / "images" / "p000.png").convert("RGB")
@@ -99,6 +103,7 @@ def test_same_seed_gives_same_weights_and_resume_continues_exactly(replay_corpus
     assert (tmp_path / "resumed" / "replay_checkpoint" / "train_state.pt").is_file()
     record = build(_request(replay_corpus, tmp_path / "resumed", steps=7, resume=True, check_every_epoch=True, anneal=0.0))
     assert record["training"]["steps"] == 7 and record["training"]["epochs"] >= 2
+    assert 0 < record["training"]["run_seconds"] < record["training"]["seconds"]
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")
     assert straight.keys() == resumed.keys()
