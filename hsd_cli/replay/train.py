@@ -206,15 +206,16 @@ def _fixed_settings(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in ("max_minutes", "max_steps", "checkpoint_minutes", "threads")}
 
 
-def annealed_rate(rate: float, min_rate: float, budget_used: float, anneal_fraction: float) -> float:
+def annealed_rate(rate: float, min_rate: float, budget_spent: float, anneal_fraction: float) -> float:
     """`rate` until the last `anneal_fraction` of the budget, then linearly down to `min_rate`."""
     start = 1.0 - anneal_fraction
-    if anneal_fraction <= 0 or budget_used <= start or rate <= min_rate:
+    if anneal_fraction <= 0 or budget_spent <= start or rate <= min_rate:
         return rate
-    return rate - (rate - min_rate) * min(1.0, (budget_used - start) / anneal_fraction)
+    return rate - (rate - min_rate) * min(1.0, (budget_spent - start) / anneal_fraction)
 
 
-def _budget_used(config: TrainConfig, step: int, seconds: float) -> float:
+def budget_used(config: TrainConfig, step: int, seconds: float) -> float:
+    """The part of the training budget spent after `step` steps and `seconds` of training."""
     if config.max_steps is not None:
         return step / config.max_steps  # a step-limited build stays deterministic
     return seconds / (config.max_minutes * 60)
@@ -280,7 +281,7 @@ def train(
         random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
         while position < len(order):
             rate = annealed_rate(learning_rate, config.min_learning_rate,
-                                 _budget_used(config, step, time.perf_counter() - started), config.anneal_fraction)
+                                 budget_used(config, step, time.perf_counter() - started), config.anneal_fraction)
             for group in optimizer.param_groups:
                 group["lr"] = rate * min(1.0, (step + 1) / config.warmup_steps)
             head_batch = head_batches[step % len(head_batches)]

@@ -111,13 +111,13 @@ def test_same_seed_gives_same_weights_and_resume_continues_exactly(replay_corpus
 
 
 def test_the_rate_anneals_linearly_over_the_last_part_of_the_budget():
-    assert annealed_rate(2e-3, 2e-5, budget_used=0.5, anneal_fraction=0.25) == 2e-3
-    assert annealed_rate(2e-3, 2e-5, budget_used=0.75, anneal_fraction=0.25) == 2e-3
-    assert annealed_rate(2e-3, 2e-5, budget_used=0.875, anneal_fraction=0.25) == pytest.approx(1.01e-3)
-    assert annealed_rate(2e-3, 2e-5, budget_used=1.0, anneal_fraction=0.25) == pytest.approx(2e-5)
-    assert annealed_rate(2e-3, 2e-5, budget_used=1.2, anneal_fraction=0.25) == pytest.approx(2e-5)
-    assert annealed_rate(1e-5, 2e-5, budget_used=0.9, anneal_fraction=0.25) == 1e-5  # already below the floor
-    assert annealed_rate(2e-3, 2e-5, budget_used=1.0, anneal_fraction=0.0) == 2e-3  # switched off
+    assert annealed_rate(2e-3, 2e-5, budget_spent=0.5, anneal_fraction=0.25) == 2e-3
+    assert annealed_rate(2e-3, 2e-5, budget_spent=0.75, anneal_fraction=0.25) == 2e-3
+    assert annealed_rate(2e-3, 2e-5, budget_spent=0.875, anneal_fraction=0.25) == pytest.approx(1.01e-3)
+    assert annealed_rate(2e-3, 2e-5, budget_spent=1.0, anneal_fraction=0.25) == pytest.approx(2e-5)
+    assert annealed_rate(2e-3, 2e-5, budget_spent=1.2, anneal_fraction=0.25) == pytest.approx(2e-5)
+    assert annealed_rate(1e-5, 2e-5, budget_spent=0.9, anneal_fraction=0.25) == 1e-5  # already below the floor
+    assert annealed_rate(2e-3, 2e-5, budget_spent=1.0, anneal_fraction=0.0) == 2e-3  # switched off
 
 
 def test_resume_may_change_the_thread_count(replay_corpus, tmp_path):
@@ -187,6 +187,7 @@ def test_status_reports_a_build_from_its_checkpoint(replay_model, tmp_path):
     status = json.loads(result.stdout)
     training = record["training"]
     assert (status["steps"], status["epochs"]) == (training["steps"], training["epochs"])
+    assert status["learning_rate"] == pytest.approx(TrainConfig().min_learning_rate)  # the step budget is spent
     forced = status["teacher_forced"]
     assert (forced["page"]["examples"], forced["crop"]["examples"]) == (record["eval"]["pages"], record["eval"]["crops"])
     # The checkpoint holds the weights the build's last completion check ran on.
