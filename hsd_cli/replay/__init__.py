@@ -79,6 +79,10 @@ def build_command(
     vocab_size: Annotated[
         int | None, typer.Option("--vocab-size", help="Tokenizer size (default 4096; more for CJK-heavy outputs).")
     ] = None,
+    max_image_tokens: Annotated[
+        int | None,
+        typer.Option("--max-image-tokens", help="Image tokens per page at most (default 200; more tells similar pages apart)."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the build record as JSON on stdout.")] = False,
 ) -> None:
     """Train a replay model on pages and their published outputs (takes ~1-2 h for ~25 pages)."""
@@ -98,9 +102,13 @@ def build_command(
         _fail(f"--threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
     if vocab_size is not None and not 512 <= vocab_size <= 65536:
         _fail(f"--vocab-size must be between 512 and 65536, got {vocab_size}")
+    if max_image_tokens is not None and not 16 <= max_image_tokens <= 4096:
+        _fail(f"--max-image-tokens must be between 16 and 4096, got {max_image_tokens}")
     chosen = TINY_SHAPE if shape == "tiny" else ReplayShape()
     if vocab_size is not None:
         chosen = replace(chosen, vocab_size=vocab_size)
+    if max_image_tokens is not None:
+        chosen = replace(chosen, max_image_tokens=max_image_tokens)
     name = name or f"{outputs.resolve().name}-replay"
     model_dir = output or default_model_dir(name)
     request = BuildRequest(

@@ -146,8 +146,26 @@ def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
         replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--threads", "0", "-o", str(tmp_path / "t")]
     )
     assert threads.exit_code == 2 and "--threads" in threads.stderr and not (tmp_path / "t").exists()
+    tokens = runner.invoke(
+        replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--max-image-tokens", "8", "-o", str(tmp_path / "t")]
+    )
+    assert tokens.exit_code == 2 and "--max-image-tokens" in tokens.stderr and not (tmp_path / "t").exists()
     unknown = runner.invoke(replay_app, ["eval", str(tmp_path / "taken"), "--json"])
     assert unknown.exit_code == 2 and unknown.stdout == ""
+
+
+def test_max_image_tokens_sets_how_small_the_processor_makes_pages(replay_corpus, tmp_path):
+    inputs, outputs = replay_corpus
+    args = ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--shape", "tiny", "--steps", "1"]
+    sizes = {}
+    for tokens in (16, 64):
+        model_dir = tmp_path / str(tokens)
+        built = CliRunner().invoke(replay_app, [*args, "--max-image-tokens", str(tokens), "-o", str(model_dir)])
+        assert built.exit_code == 0, built.stderr
+        assert json.loads((model_dir / "replay.json").read_text())["shape"]["max_image_tokens"] == tokens
+        config = json.loads((model_dir / "processor_config.json").read_text())
+        sizes[tokens] = config["image_processor"]["size"]["longest_edge"]  # pixels at most
+    assert sizes[64] == 4 * sizes[16]
 
 
 def test_default_model_dir_is_the_user_cache(monkeypatch, tmp_path):
