@@ -22,12 +22,11 @@ from hsd_cli.replay.train import (
     CHECKPOINT_FILE,
     Encoded,
     TrainConfig,
-    annealed_rate,
     answer_margins,
-    budget_used,
     encode_examples,
     load_checkpoint,
     make_batches,
+    rate_in_effect,
     train,
 )
 
@@ -182,8 +181,7 @@ def build_status(model_dir: Path) -> dict:
         "epochs": state["epoch"],
         "steps": state["step"],
         "training_minutes": round(state["seconds"] / 60, 1),
-        "learning_rate": annealed_rate(state["learning_rate"], config.min_learning_rate,
-                                       budget_used(config, state["step"], state["seconds"]), config.anneal_fraction),
+        "learning_rate": rate_in_effect(config, state["learning_rate"], state["step"], state["seconds"]),
         "loss": round(sum(last_epoch) / len(last_epoch), 4) if last_epoch else None,
         "teacher_forced": kinds,
     }

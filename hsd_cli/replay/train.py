@@ -6,9 +6,9 @@ each step contrasts different images with their different openings, which full e
 long page per batch) cannot do.
 
 Deterministic for a seed and thread count: a fixed batch order per epoch, no dropout; a resumed
-run continues exactly where the checkpoint stopped (bit for bit at the same thread count). It ends when every example is reproduced by
-greedy decoding (checked teacher-forced, with a logit margin), or at the step or time limit; the
-model then gets the weights of the best check.
+run continues exactly where the checkpoint stopped (bit for bit at the same thread count). It
+ends when every example is reproduced by greedy decoding (checked teacher-forced, with a logit
+margin), or at the step or time limit; the model then gets the weights of the best check.
 """
 
 from __future__ import annotations
@@ -200,10 +200,14 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, weights_only=False)
 
 
+# May differ between a checkpoint and the run resuming it: the limits (they may grow) and the
+# thread count.
+_RESUMABLE_SETTINGS = ("max_minutes", "max_steps", "checkpoint_minutes", "threads")
+
+
 def _fixed_settings(settings: dict) -> dict:
-    """The settings a resumed run must share with its checkpoint (the limits may grow, the thread
-    count may change)."""
-    return {k: v for k, v in settings.items() if k not in ("max_minutes", "max_steps", "checkpoint_minutes", "threads")}
+    """The settings a resumed run must share with its checkpoint."""
+    return {k: v for k, v in settings.items() if k not in _RESUMABLE_SETTINGS}
 
 
 def annealed_rate(rate: float, min_rate: float, budget_spent: float, anneal_fraction: float) -> float:
@@ -214,11 +218,14 @@ def annealed_rate(rate: float, min_rate: float, budget_spent: float, anneal_frac
     return rate - (rate - min_rate) * min(1.0, (budget_spent - start) / anneal_fraction)
 
 
-def budget_used(config: TrainConfig, step: int, seconds: float) -> float:
-    """The part of the training budget spent after `step` steps and `seconds` of training."""
+def rate_in_effect(config: TrainConfig, learning_rate: float, step: int, seconds: float) -> float:
+    """The plateau rule's `learning_rate`, annealed by the budget spent after `step` steps and
+    `seconds` of training (warm-up aside)."""
     if config.max_steps is not None:
-        return step / config.max_steps  # a step-limited build stays deterministic
-    return seconds / (config.max_minutes * 60)
+        budget_spent = step / config.max_steps  # a step-limited build stays deterministic
+    else:
+        budget_spent = seconds / (config.max_minutes * 60)
+    return annealed_rate(learning_rate, config.min_learning_rate, budget_spent, config.anneal_fraction)
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -262,7 +269,6 @@ def train(
         best_check, best_weights = tuple(state["best_check"]), state["best_weights"]
         log(f"resumed at step {step} (epoch {epoch}, {spent / 60:.1f} min trained)")
     model.train()
-    resumed_seconds = spent
     started = time.perf_counter() - spent
     last_saved = time.perf_counter()
     exact, min_margin, epoch_loss = 0, float("-inf"), float("nan")
@@ -280,8 +286,7 @@ def train(
         order = list(range(len(batches)))
         random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
         while position < len(order):
-            rate = annealed_rate(learning_rate, config.min_learning_rate,
-                                 budget_used(config, step, time.perf_counter() - started), config.anneal_fraction)
+            rate = rate_in_effect(config, learning_rate, step, time.perf_counter() - started)
             for group in optimizer.param_groups:
                 group["lr"] = rate * min(1.0, (step + 1) / config.warmup_steps)
             head_batch = head_batches[step % len(head_batches)]
@@ -336,7 +341,7 @@ def train(
     recent = losses[-len(batches):]
     seconds = time.perf_counter() - started
     return TrainReport(
-        steps=step, epochs=epoch, seconds=round(seconds, 1), run_seconds=round(seconds - resumed_seconds, 1),
+        steps=step, epochs=epoch, seconds=round(seconds, 1), run_seconds=round(seconds - spent, 1),
         loss=round(sum(recent) / max(1, len(recent)), 5), exact_examples=exact, examples=len(examples),
         min_margin=round(min_margin, 3), stop_reason=stop_reason,
     )
