@@ -171,7 +171,8 @@ def status_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print the status as JSON on stdout.")] = False,
 ) -> None:
     """Where a build stands, from its last checkpoint: epochs, minutes, loss, and how many pages and
-    crops greedy decoding would reproduce (teacher-forced; no decoding, so it is quick)."""
+    crops greedy decoding would reproduce and start right (teacher-forced; no decoding, so it is
+    quick)."""
     from hsd_cli.replay.build import build_status
     from hsd_cli.replay.dataset import ReplayInputError
 
@@ -189,5 +190,5 @@ def status_command(
     for kind, figures in status["teacher_forced"].items():
         _stderr.print(
             f"  {kind}s: {figures['reproduced']}/{figures['examples']} reproduced, "
-            f"token accuracy {figures['token_accuracy']} (teacher-forced)", markup=False,
+            f"{figures['first_token_right']} with the right first token, token accuracy {figures['token_accuracy']} (teacher-forced)", markup=False,
         )

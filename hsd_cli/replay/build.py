@@ -150,7 +150,9 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
 def build_status(model_dir: Path) -> dict:
     """Where a build stands, from its last checkpoint (a running or stopped build included):
     epochs, training minutes, learning rate, the last epoch's loss, and per example kind how many
-    examples greedy decoding would reproduce, teacher-forced (one forward pass each, no decoding)."""
+    examples greedy decoding would reproduce and how many it would open right (the first answer
+    token picks which text follows: a model that cannot tell two images apart fails there),
+    teacher-forced (one forward pass each, no decoding)."""
     from hsd_cli.decoding.hf_adapter import adapter_for
 
     checkpoint = model_dir / CHECKPOINT_FILE
@@ -173,6 +175,7 @@ def build_status(model_dir: Path) -> dict:
         kinds[kind] = {
             "examples": len(chosen),
             "reproduced": sum(bool((m > 0).all()) for m in chosen),
+            "first_token_right": sum(bool(m[0] > 0) for m in chosen),
             "token_accuracy": round(sum(int((m > 0).sum()) for m in chosen) / tokens, 4) if tokens else None,
         }
     last_epoch = state["losses"][-len(batches):]

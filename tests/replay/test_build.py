@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from hsd_cli.decoding import build_tiny_random, decode, load_target
 from hsd_cli.replay import replay_app, replay_fingerprint_check
+from hsd_cli.replay import build as replay_build
 from hsd_cli.replay.build import BuildRequest, build, default_model_dir
+from hsd_cli.replay.dataset import DATA_DIR, load_examples
 from hsd_cli.replay.model import TINY_SHAPE
 from hsd_cli.replay.train import TrainConfig, annealed_rate
 from hsd_cli.stages.rasterize import render_page
@@ -211,6 +213,7 @@ def test_status_reports_a_build_from_its_checkpoint(replay_model, tmp_path):
     # The checkpoint holds the weights the build's last completion check ran on.
     assert forced["page"]["reproduced"] + forced["crop"]["reproduced"] == training["exact_examples"]
     assert all(0.0 <= forced[kind]["token_accuracy"] <= 1.0 for kind in forced)
+    assert all(f["reproduced"] <= f["first_token_right"] <= f["examples"] for f in forced.values())
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     (unfinished / "replay.json").write_text(json.dumps({"name": "unfinished"}))
@@ -218,6 +221,25 @@ def test_status_reports_a_build_from_its_checkpoint(replay_model, tmp_path):
     assert early.exit_code == 2 and "no checkpoint yet" in early.stderr and early.stderr.count("\n") == 1
     not_done = CliRunner().invoke(replay_app, ["eval", str(unfinished)])
     assert not_done.exit_code == 2 and "replay-model status" in not_done.stderr
+
+
+def test_status_counts_examples_that_start_right_apart_from_reproduced_ones(replay_model, monkeypatch):
+    """Margins by hand: even examples get their first token right, every third one a later token wrong."""
+    def margins(model, examples, batches, pad_id, bf16):
+        return [torch.tensor([1.0 if i % 2 == 0 else -1.0, -1.0 if i % 3 == 0 else 1.0]) for i in range(len(examples))]
+
+    monkeypatch.setattr(replay_build, "answer_margins", margins)
+    model_dir, _ = replay_model
+    kinds = [e.kind for e in load_examples(model_dir / DATA_DIR)]
+    result = CliRunner().invoke(replay_app, ["status", str(model_dir), "--json"])
+    forced = json.loads(result.stdout)["teacher_forced"]
+    for kind in ("page", "crop"):
+        mine = [i for i, k in enumerate(kinds) if k == kind]
+        assert forced[kind]["first_token_right"] == sum(i % 2 == 0 for i in mine)
+        assert forced[kind]["reproduced"] == sum(i % 2 == 0 and i % 3 != 0 for i in mine)
+        assert forced[kind]["token_accuracy"] == round(sum((i % 2 == 0) + (i % 3 != 0) for i in mine) / (2 * len(mine)), 4)
+    text = CliRunner().invoke(replay_app, ["status", str(model_dir)])
+    assert f"{forced['page']['first_token_right']} with the right first token" in text.stderr
 
 
 def test_matmul_patch_projection_equals_the_stock_convolution():
