@@ -190,5 +190,6 @@ def status_command(
     for kind, figures in status["teacher_forced"].items():
         _stderr.print(
             f"  {kind}s: {figures['reproduced']}/{figures['examples']} reproduced, "
-            f"{figures['first_token_right']} with the right first token, token accuracy {figures['token_accuracy']} (teacher-forced)", markup=False,
+            f"{figures['first_token_right']} with the right first token, "
+            f"token accuracy {figures['token_accuracy']} (teacher-forced)", markup=False,
         )
