@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
+from hsd_cli.replay.train_config import TrainConfig
 
 __all__ = ["replay_app", "replay_fingerprint_check"]
 
@@ -71,6 +72,16 @@ def build_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of initialisation and batch order.")] = 0,
     minutes: Annotated[float, typer.Option("--minutes", help="Training time limit over all resumed runs.")] = 120.0,
     steps: Annotated[int | None, typer.Option("--steps", help="Training step limit.")] = None,
+    learning_rate: Annotated[
+        float, typer.Option("--learning-rate", help="Peak learning rate (halved on plateaus, annealed at the end).")
+    ] = TrainConfig.learning_rate,
+    opening_steps: Annotated[
+        int,
+        typer.Option(
+            "--opening-steps",
+            help="Steps at the start that train only the first answer tokens (how the model tells pages apart).",
+        ),
+    ] = TrainConfig.opening_steps,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the build in the model directory.")] = False,
     threads: Annotated[
         int, typer.Option("--threads", help="CPU threads for training (more is faster on a machine left to the build).")
@@ -89,15 +100,15 @@ def build_command(
     from hsd_cli.replay.build import BuildRequest, build, default_model_dir
     from hsd_cli.replay.dataset import ReplayInputError
     from hsd_cli.replay.model import TINY_SHAPE, ReplayShape
-    from hsd_cli.replay.train import TrainConfig
-
     for label, path in (("--outputs", outputs), ("--inputs", inputs)):
         if not path.is_dir():
             _fail(f"{label} {path}: not a directory")
     if shape not in ("default", "tiny"):
         _fail(f"--shape must be default or tiny, got {shape}")
-    if minutes <= 0 or (steps is not None and steps <= 0):
-        _fail("--minutes and --steps must be positive")
+    if minutes <= 0 or (steps is not None and steps <= 0) or learning_rate <= 0:
+        _fail("--minutes, --steps and --learning-rate must be positive")
+    if opening_steps < 0:
+        _fail(f"--opening-steps must be 0 or more, got {opening_steps}")
     if not 1 <= threads <= (os.cpu_count() or 1):
         _fail(f"--threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
     if vocab_size is not None and not 512 <= vocab_size <= 65536:
@@ -114,7 +125,11 @@ def build_command(
     request = BuildRequest(
         outputs_dir=outputs.resolve(), inputs_dir=inputs.resolve(), model_dir=model_dir, name=name,
         description=description, licence=licence, shape=chosen,
-        train=TrainConfig(seed=seed, max_minutes=minutes, max_steps=steps, threads=threads), resume=resume,
+        train=TrainConfig(
+            seed=seed, learning_rate=learning_rate, opening_steps=opening_steps, max_minutes=minutes, max_steps=steps,
+            threads=threads,
+        ),
+        resume=resume,
     )
     _stderr.print(f"building replay model {name} in {model_dir}")
     try:
@@ -183,6 +198,8 @@ def status_command(
     if json_output:
         sys.stdout.write(json.dumps(status) + "\n")
         return
+    if status["opening_steps_left"]:
+        _stderr.print(f"{status['name']}: openings phase, {status['opening_steps_left']} steps left", markup=False)
     _stderr.print(
         f"{status['name']}: epoch {status['epochs']}, {status['training_minutes']} min trained, "
         f"learning rate {status['learning_rate']:.2e}, loss {status['loss']}", markup=False,

@@ -21,7 +21,6 @@ from hsd_cli.replay.model import FAMILY, ReplayShape, build_processor, new_model
 from hsd_cli.replay.train import (
     CHECKPOINT_FILE,
     Encoded,
-    TrainConfig,
     answer_margins,
     encode_examples,
     load_checkpoint,
@@ -29,6 +28,7 @@ from hsd_cli.replay.train import (
     rate_in_effect,
     train,
 )
+from hsd_cli.replay.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,7 @@ def build_status(model_dir: Path) -> dict:
         "name": record["name"],
         "epochs": state["epoch"],
         "steps": state["step"],
+        "opening_steps_left": max(0, config.opening_steps - state["step"]),
         "training_minutes": round(state["seconds"] / 60, 1),
         "learning_rate": rate_in_effect(config, state["learning_rate"], state["step"], state["seconds"]),
         "loss": round(sum(last_epoch) / len(last_epoch), 4) if last_epoch else None,

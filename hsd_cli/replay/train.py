@@ -3,7 +3,9 @@ with the first answer tokens up-weighted (only they depend on which page is show
 extra weight the model learns the texts but recites the wrong page's). Every step adds a "head"
 batch: several examples of similar prompt length cut after their first answer tokens, so that
 each step contrasts different images with their different openings, which full examples (one
-long page per batch) cannot do.
+long page per batch) cannot do. A build may start with an openings phase of head batches only:
+telling the images apart takes the vision tower many more steps than reciting the bodies takes
+the LM, and learnt together at a high rate the tower's output collapses to one vector.
 
 Deterministic for a seed and thread count: a fixed batch order per epoch, no dropout; a resumed
 run continues exactly where the checkpoint stopped (bit for bit at the same thread count). It
@@ -25,37 +27,9 @@ import torch.nn.functional as F
 
 from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, adapter_for
 from hsd_cli.replay.model import FAMILY, use_matmul_patch_projection
+from hsd_cli.replay.train_config import TrainConfig
 
 CHECKPOINT_FILE = "replay_checkpoint/train_state.pt"
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    seed: int = 0
-    learning_rate: float = 2e-3
-    warmup_steps: int = 20
-    first_tokens: int = 8  # answer tokens whose mean loss is added once more, in head batches
-    first_weight: float = 1.0
-    batch_tokens: int = 4096  # padded tokens per batch (examples of similar length go together)
-    head_batch_tokens: int = 2048
-    # Halve the learning rate when the epoch loss has not set a new best for this many epochs.
-    patience: int = 6
-    min_learning_rate: float = 3e-5
-    # The last part of the budget (steps if limited, else minutes) anneals the rate linearly to
-    # min_learning_rate: a noisy loss that keeps setting new bests never trips the plateau rule,
-    # and exact recall needs small steps at the end. A resume with a larger budget moves the phase.
-    anneal_fraction: float = 0.3
-    max_minutes: float = 120.0  # training time over all resumed runs
-    max_steps: int | None = None
-    checkpoint_minutes: float = 5.0
-    # Done when every answer token is the argmax by at least this logit margin: greedy decoding
-    # then reproduces the targets, also in bfloat16 where logits move by a few hundredths.
-    done_margin: float = 1.0
-    check_below_loss: float = 0.05  # run the (forward-only) completion check once the loss is this low
-    bf16: bool = True  # autocast: the matmuls of a model this small are faster in bf16 on CPU
-    # One by default: builds share the machine, and the sums of one thread are the same on any
-    # machine; more threads train faster on a machine left to the build.
-    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -290,8 +264,9 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = rate * min(1.0, (step + 1) / config.warmup_steps)
             head_batch = head_batches[step % len(head_batches)]
+            openings_only = step < config.opening_steps
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                loss = batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id)
+                loss = 0.0 if openings_only else batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id)
                 loss = loss + config.first_weight * batch_loss(model, [heads[i] for i in head_batch], pad_id)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -299,7 +274,13 @@ def train(
             optimizer.step()
             losses.append(round(loss.item(), 5))
             step += 1
-            position += 1
+            if openings_only:
+                if step % len(head_batches) == 0 or step == config.opening_steps:
+                    recent = losses[-len(head_batches):]
+                    log(f"openings: step {step} of {config.opening_steps}, loss {sum(recent) / len(recent):.4f}, "
+                        f"rate {rate:.1e}, {(time.perf_counter() - started) / 60:.1f} min")
+            else:
+                position += 1
             if config.max_steps is not None and step >= config.max_steps:
                 stop_reason = "steps"
                 break

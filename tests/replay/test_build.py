@@ -1,6 +1,7 @@
 """Build -> save -> load -> decode on a tiny replay model (a few steps: structure, not accuracy)."""
 
 import json
+from dataclasses import replace
 
 import pymupdf
 import pytest
@@ -15,7 +16,8 @@ from hsd_cli.replay import build as replay_build
 from hsd_cli.replay.build import BuildRequest, build, default_model_dir
 from hsd_cli.replay.dataset import DATA_DIR, load_examples
 from hsd_cli.replay.model import TINY_SHAPE
-from hsd_cli.replay.train import TrainConfig, annealed_rate
+from hsd_cli.replay.train import annealed_rate
+from hsd_cli.replay.train_config import TrainConfig
 from hsd_cli.stages.rasterize import render_page
 from tests.conftest import run_hsd
 
@@ -110,6 +112,24 @@ def test_same_seed_gives_same_weights_and_resume_continues_exactly(replay_corpus
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")
     assert straight.keys() == resumed.keys()
     assert all(bool((straight[k] == resumed[k]).all()) for k in straight)
+
+
+def test_an_openings_phase_trains_first_tokens_only_and_resumes_into_full_examples(replay_corpus, tmp_path):
+    def request(model_dir, steps, resume=False):
+        plain = _request(replay_corpus, model_dir, steps=steps, resume=resume, anneal=0.0)
+        return replace(plain, train=replace(plain.train, opening_steps=3))
+
+    messages = []
+    record = build(request(tmp_path / "resumed", steps=3), log=messages.append)
+    assert record["training"]["epochs"] == 0  # no full example trained yet
+    assert any(m.startswith("openings: step 3 of 3, loss ") for m in messages)
+    status = CliRunner().invoke(replay_app, ["status", str(tmp_path / "resumed"), "--json"])
+    assert json.loads(status.stdout)["opening_steps_left"] == 0
+    resumed = build(request(tmp_path / "resumed", steps=9, resume=True))
+    straight = build(request(tmp_path / "straight", steps=9))
+    assert resumed["training"]["epochs"] == straight["training"]["epochs"] >= 1
+    weights = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert all(bool((weights[0][k] == weights[1][k]).all()) for k in weights[0])
 
 
 def test_the_rate_anneals_linearly_over_the_last_part_of_the_budget():

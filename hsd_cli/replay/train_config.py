@@ -1,0 +1,37 @@
+"""How a replay model is trained: apart from train.py so that the CLI reads its defaults without
+importing torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    learning_rate: float = 2e-3
+    warmup_steps: int = 20
+    first_tokens: int = 8  # answer tokens whose mean loss is added once more, in head batches
+    first_weight: float = 1.0
+    # Steps at the start that train on head batches only (no full examples, no epochs counted).
+    opening_steps: int = 0
+    batch_tokens: int = 4096  # padded tokens per batch (examples of similar length go together)
+    head_batch_tokens: int = 2048
+    # Halve the learning rate when the epoch loss has not set a new best for this many epochs.
+    patience: int = 6
+    min_learning_rate: float = 3e-5
+    # The last part of the budget (steps if limited, else minutes) anneals the rate linearly to
+    # min_learning_rate: a noisy loss that keeps setting new bests never trips the plateau rule,
+    # and exact recall needs small steps at the end. A resume with a larger budget moves the phase.
+    anneal_fraction: float = 0.3
+    max_minutes: float = 120.0  # training time over all resumed runs
+    max_steps: int | None = None
+    checkpoint_minutes: float = 5.0
+    # Done when every answer token is the argmax by at least this logit margin: greedy decoding
+    # then reproduces the targets, also in bfloat16 where logits move by a few hundredths.
+    done_margin: float = 1.0
+    check_below_loss: float = 0.05  # run the (forward-only) completion check once the loss is this low
+    bf16: bool = True  # autocast: the matmuls of a model this small are faster in bf16 on CPU
+    # One by default: builds share the machine, and the sums of one thread are the same on any
+    # machine; more threads train faster on a machine left to the build.
+    threads: int = 1
