@@ -3,7 +3,7 @@ with the first answer tokens up-weighted (only they depend on which page is show
 extra weight the model learns the texts but recites the wrong page's). Every step adds a "head"
 batch: several examples of similar prompt length cut after their first answer tokens, so that
 each step contrasts different images with their different openings, which full examples (one
-long page per batch) cannot do. A build may start with an openings phase of head batches only:
+long page per batch) cannot do; each pass over the head batches takes them in a new order. A build may start with an openings phase of head batches only:
 telling the images apart takes the vision tower many more steps than reciting the bodies takes
 the LM, and learnt together at a high rate the tower's output collapses to one vector.
 
@@ -136,6 +136,15 @@ def head(example: Encoded, tokens: int) -> Encoded:
     return replace(example, answer_ids=example.answer_ids[:tokens])
 
 
+def head_batch_order(seed: int, pass_number: int, count: int) -> list[int]:
+    """The head batches of one pass, in a seeded order of their own: made by prompt length, they
+    come sorted by kind (crops, then pages), which a fixed cycle would train as runs of
+    consecutive steps."""
+    order = list(range(count))
+    random.Random(f"heads {seed} {pass_number}").shuffle(order)
+    return order
+
+
 def batch_loss(model, examples: Sequence[Encoded], pad_id: int) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens of a batch."""
     inputs, labels = _collate(examples, pad_id)
@@ -263,7 +272,8 @@ def train(
             rate = rate_in_effect(config, learning_rate, step, time.perf_counter() - started)
             for group in optimizer.param_groups:
                 group["lr"] = rate * min(1.0, (step + 1) / config.warmup_steps)
-            head_batch = head_batches[step % len(head_batches)]
+            passes, within = divmod(step, len(head_batches))
+            head_batch = head_batches[head_batch_order(config.seed, passes, len(head_batches))[within]]
             openings_only = step < config.opening_steps
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 loss = 0.0 if openings_only else batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id)

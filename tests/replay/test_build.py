@@ -16,7 +16,7 @@ from hsd_cli.replay import build as replay_build
 from hsd_cli.replay.build import BuildRequest, build, default_model_dir
 from hsd_cli.replay.dataset import DATA_DIR, load_examples
 from hsd_cli.replay.model import TINY_SHAPE
-from hsd_cli.replay.train import annealed_rate
+from hsd_cli.replay.train import annealed_rate, head_batch_order
 from hsd_cli.replay.train_config import TrainConfig
 from hsd_cli.stages.rasterize import render_page
 from tests.conftest import run_hsd
@@ -130,6 +130,14 @@ def test_an_openings_phase_trains_first_tokens_only_and_resumes_into_full_exampl
     assert resumed["training"]["epochs"] == straight["training"]["epochs"] >= 1
     weights = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
     assert all(bool((weights[0][k] == weights[1][k]).all()) for k in weights[0])
+
+
+def test_head_batches_come_in_a_new_seeded_order_every_pass():
+    orders = [head_batch_order(seed=0, pass_number=n, count=17) for n in range(4)]
+    assert all(sorted(order) == list(range(17)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 4
+    assert head_batch_order(seed=0, pass_number=2, count=17) == orders[2]
+    assert head_batch_order(seed=1, pass_number=2, count=17) != orders[2]
 
 
 def test_the_rate_anneals_linearly_over_the_last_part_of_the_budget():
