@@ -73,7 +73,7 @@ def test_failed_documents_wait_for_retry_failed(tmp_path):
 def test_a_hanging_page_times_out_and_the_run_ends(docs_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("HSD_TEST_STALL", "report.pdf:2")
     started = time.monotonic()
-    strict = run_hsd("convert", docs_dir, "-o", tmp_path / "a", "--json", "--page-timeout", "15")
+    strict = run_hsd("convert", docs_dir, "-o", tmp_path / "a", "--json", "--page-timeout", "30")
     assert time.monotonic() - started < 120
     assert strict.exit_code == 1
     summary = json.loads(strict.stdout)
