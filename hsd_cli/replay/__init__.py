@@ -100,6 +100,7 @@ def build_command(
     from hsd_cli.replay.build import BuildRequest, build, default_model_dir
     from hsd_cli.replay.dataset import ReplayInputError
     from hsd_cli.replay.model import TINY_SHAPE, ReplayShape
+
     for label, path in (("--outputs", outputs), ("--inputs", inputs)):
         if not path.is_dir():
             _fail(f"{label} {path}: not a directory")

@@ -3,9 +3,10 @@ with the first answer tokens up-weighted (only they depend on which page is show
 extra weight the model learns the texts but recites the wrong page's). Every step adds a "head"
 batch: several examples of similar prompt length cut after their first answer tokens, so that
 each step contrasts different images with their different openings, which full examples (one
-long page per batch) cannot do; each pass over the head batches takes them in a new order. A build may start with an openings phase of head batches only:
-telling the images apart takes the vision tower many more steps than reciting the bodies takes
-the LM, and learnt together at a high rate the tower's output collapses to one vector.
+long page per batch) cannot do; each pass over the head batches takes them in a new order. A
+build may start with an openings phase of head batches only: telling the images apart takes the
+vision tower many more steps than reciting the bodies takes the LM, and learnt together at a high
+rate the tower's output collapsed to one vector.
 
 Deterministic for a seed and thread count: a fixed batch order per epoch, no dropout; a resumed
 run continues exactly where the checkpoint stopped (bit for bit at the same thread count). It
