@@ -82,6 +82,7 @@ class PageResult:
     backend: str
     figures: tuple[tuple[str, Image.Image], ...] = ()  # (block id, crop) for figures
     text: str | None = None  # the VLM's page output; None = the draft blocks are the text
+    rejected_text: str | None = None  # the VLM's page output when the draft stood in for it
     flags: tuple[str, ...] = ()  # e.g. "draft_only", "vlm", "fallback"
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] | None = None

@@ -22,7 +22,7 @@ def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_mo
     )
     assert result.exit_code == 0, result.stderr
     page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
-    assert page["text_source"] == "model" and "vlm" in page["flags"]
+    assert page["text_source"] == "model" and "vlm" in page["flags"] and "model_output" not in page
     assert page["stats"]["baseline"]["identical"], "speculative output must equal plain decoding"
     assert page["stats"]["page"]["new_tokens"] == 24 and page["stats"]["stop_reason"] == "budget"
     assert "truncated" in page["flags"]
@@ -72,6 +72,31 @@ def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_pa
     assert pages[0]["flags"] == ["fallback", "timeout"] and pages[0]["text_source"] == "draft"
     assert fixtures.TITLE in pages[0]["markdown"], "the draft text stands in for the page"
     assert pages[1]["text_source"] == "model", "the next page still goes through the VLM"
+
+
+def test_an_empty_model_page_falls_back_to_its_draft_and_keeps_what_the_model_said(tiny_model, docs_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    silent = shutil.copytree(tiny_model, tmp_path / "silent")
+    weights = load_file(silent / "model.safetensors")
+    # Every logit 0: greedy takes token 0, <|endoftext|>, which real Qwen2.5 configs also stop on.
+    weights["lm_head.weight"].zero_()
+    save_file(weights, silent / "model.safetensors", metadata={"format": "pt"})
+    generation = json.loads((silent / "generation_config.json").read_text())
+    generation["eos_token_id"] = [generation["eos_token_id"], generation["pad_token_id"]]
+    (silent / "generation_config.json").write_text(json.dumps(generation))
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", silent, "--stages", "page",
+        "--pages", "1", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["documents"][0]["status"] == "degraded"
+    page = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]
+    assert page["flags"] == ["vlm", "fallback", "empty"] and page["text_source"] == "draft"
+    assert fixtures.TITLE in page["markdown"], "the draft text stands in for the page"
+    assert page["model_output"] == ""
 
 
 def test_a_replay_model_warns_on_pages_outside_its_set(tiny_model, docs_dir, tmp_path):

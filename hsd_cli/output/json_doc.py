@@ -33,7 +33,7 @@ def block_json(block: Block, image_ref: str | None) -> dict[str, Any]:
 
 def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str | None]) -> dict[str, Any]:
     width, height = page.size_pt
-    return {
+    record = {
         "page": page.page_no,
         "width": round(width, 2),
         "height": round(height, 2),
@@ -47,6 +47,10 @@ def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str 
         # Counts only: wall-clock timings live in the run manifest, so identical runs give identical bytes.
         "stats": page.stats,
     }
+    if page.rejected_text is not None:
+        # What the model said where hsd kept the draft (flags say why): for users checking a fallback.
+        record["model_output"] = page.rejected_text
+    return record
 
 
 def document_json(

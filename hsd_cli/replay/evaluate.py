@@ -44,8 +44,8 @@ def evaluate(model_dir: Path, dtype: str | None = None, device: str = "cpu") -> 
     return {
         "pages": len(pages),
         "crops": len(crops),
-        "page_char_accuracy": round(sum(page_scores) / len(page_scores), 4) if page_scores else None,
-        "crop_char_accuracy": round(sum(crop_scores) / len(crop_scores), 4) if crop_scores else None,
+        "page_char_accuracy": _mean(page_scores),
+        "crop_char_accuracy": _mean(crop_scores),
         "exact_pages": sum(score == 1.0 for score in page_scores),
         "seconds_per_page": round(sum(seconds) / len(seconds), 3) if seconds else None,
         "dtype": str(target.dtype).removeprefix("torch."),
@@ -71,10 +71,14 @@ def evaluate_converted(model_dir: Path, out_dir: Path) -> dict:
     """How closely an `hsd convert --model <this replay model>` run reproduced the published
     outputs: each replay page is looked up in the hsd JSON under `out_dir` by its document's path
     relative to the build's inputs (any converted root) and page number.
-    {"pages", "missing", "page_char_accuracy", "exact_pages", "model_pages"}; model_pages counts
-    pages whose text came from the model (the others fell back to the draft or ran without it)."""
+    {"pages", "missing", "page_char_accuracy", "exact_pages", "model_pages",
+    "model_page_char_accuracy", "model_exact_pages"}: the first scores are of what hsd wrote;
+    model_pages counts pages whose text came from the model (the others fell back to the draft or
+    ran without it), and the model_ scores are of the model's own page output wherever it ran,
+    used or not (a published empty page is reproduced by an empty output, which hsd replaces
+    with the draft)."""
     converted = _converted_pages(out_dir)
-    scores, model_pages, missing = [], 0, []
+    scores, model_scores, model_pages, missing = [], [], 0, []
     for example in load_examples(model_dir / DATA_DIR):
         if example.kind != "page":
             continue
@@ -83,12 +87,23 @@ def evaluate_converted(model_dir: Path, out_dir: Path) -> dict:
         if len(found) != 1:
             missing.append(f"{example.source} page {example.page_no}")
             continue
-        scores.append(char_accuracy(found[0]["markdown"].strip(), example.target))
-        model_pages += found[0].get("text_source") == "model"
+        page = found[0]
+        scores.append(char_accuracy(page["markdown"].strip(), example.target))
+        from_model = page.get("text_source") == "model"
+        model_pages += from_model
+        model_output = page["markdown"] if from_model else page.get("model_output")
+        if model_output is not None:
+            model_scores.append(char_accuracy(model_output.strip(), example.target))
     return {
         "pages": len(scores),
         "missing": missing,
-        "page_char_accuracy": round(sum(scores) / len(scores), 4) if scores else None,
+        "page_char_accuracy": _mean(scores),
         "exact_pages": sum(score == 1.0 for score in scores),
         "model_pages": model_pages,
+        "model_page_char_accuracy": _mean(model_scores),
+        "model_exact_pages": sum(score == 1.0 for score in model_scores),
     }
+
+
+def _mean(scores: list[float]) -> float | None:
+    return round(sum(scores) / len(scores), 4) if scores else None

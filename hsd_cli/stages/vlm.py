@@ -39,6 +39,7 @@ class VlmOptions:
 @dataclass(frozen=True)
 class VlmPageOutput:
     text: str | None  # None when the model output was unusable (the draft stands in)
+    rejected: str | None  # the unusable output (empty, or cut where it looped); None when used
     flags: tuple[str, ...]
     stats: dict[str, Any]  # counts: deterministic for a given model and input
     timings: dict[str, float]  # seconds: go to the manifest
@@ -135,9 +136,10 @@ class VlmStages:
         if not replay_fingerprint_check(self.options.model, image.image):
             flags += (OUTSIDE_REPLAY_SET,)
         text: str | None = result.text.strip()
+        rejected = None
         if result.stop_reason == "repetition" or not text:
             flags += ("fallback", "repetition" if result.stop_reason == "repetition" else "empty")
-            text = None
+            text, rejected = None, text
         elif result.stop_reason == "budget":
             flags += ("truncated",)
         stats: dict[str, Any] = {"page": _counts(result.stats), "stop_reason": result.stop_reason}
@@ -145,7 +147,7 @@ class VlmStages:
             stats["regions"] = _region_counts(region_results)
         if baseline is not None:
             stats["baseline"] = baseline
-        return VlmPageOutput(text=text, flags=flags, stats=stats, timings=timings)
+        return VlmPageOutput(text=text, rejected=rejected, flags=flags, stats=stats, timings=timings)
 
 
 def _counts(stats: DecodeStats) -> dict[str, Any]:
