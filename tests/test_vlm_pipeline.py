@@ -99,6 +99,22 @@ def test_an_empty_model_page_falls_back_to_its_draft_and_keeps_what_the_model_sa
     assert page["model_output"] == ""
 
 
+def test_figure_text_drafts_the_page_without_a_region_pass_and_furniture_drafts_nothing():
+    from hsd_cli.records import Block, BlockKind
+    from hsd_cli.stages.vlm import draft_plan
+
+    def block(kind: BlockKind, text: str) -> Block:
+        return Block(kind.value + text, kind, (0.0, 0.0, 10.0, 10.0), 0, text, None, "ocr")
+
+    header, figure, empty_figure, paragraph, footer = (
+        block(BlockKind.PAGE_HEADER, "Journal 12"), block(BlockKind.FIGURE, "DATA MIXES 85% code"),
+        block(BlockKind.FIGURE, ""), block(BlockKind.TEXT, "Body text."), block(BlockKind.PAGE_FOOTER, "3"),
+    )
+    blocks = (header, figure, empty_figure, paragraph, footer)
+    assert draft_plan(blocks, lambda b: True) == [(figure, False), (paragraph, True)]
+    assert draft_plan(blocks, lambda b: False) == [(figure, False), (paragraph, False)]
+
+
 def test_a_replay_model_warns_on_pages_outside_its_set(tiny_model, docs_dir, tmp_path):
     import shutil
     from dataclasses import asdict

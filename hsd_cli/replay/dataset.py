@@ -20,7 +20,7 @@ from hsd_cli.replay.align import locate
 from hsd_cli.replay.fingerprint import PageFingerprint, fingerprint
 from hsd_cli.stages.draft import draft_page, make_draft_backend
 from hsd_cli.stages.rasterize import crop_block, open_document, render_page
-from hsd_cli.stages.vlm import NO_REGION_KINDS
+from hsd_cli.stages.vlm import draft_plan
 
 # `<stem>_pg<N>_repeat<K>.md` (olmOCR-Bench candidates) or `<stem>.md` (page 1 of `<stem>`).
 _REPEAT = re.compile(r"^(?P<name>.+?)(?:_repeat(?P<repeat>\d+))?$")
@@ -110,9 +110,9 @@ def prepare(
         examples.append(Example(page_id, "page", f"images/{page_id}.png", output, source, pair.page_no))
         prints.append(fingerprint(image.image, source, pair.page_no))
         crops = 0
-        for block in draft.blocks:
-            if block.kind in NO_REGION_KINDS or not block.text:
-                continue  # hsd convert never makes region passes for these
+        for block, region in draft_plan(draft.blocks, lambda block: True):  # as --stages region-page
+            if not region:
+                continue
             crop = crop_block(image, block.bbox, region_padding_px)  # the region stage's own crop
             if crop is None:
                 continue

@@ -19,8 +19,11 @@ from hsd_cli.records import Block, BlockKind, PageImage
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
 from hsd_cli.stages.rasterize import crop_block
 
-# Blocks that are not worth a region pass: furniture is not in the page output, figures have no text.
-NO_REGION_KINDS = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER, BlockKind.FIGURE}
+# Running headers and footers are left out of page outputs, so they are no drafts at all.
+NOT_DRAFT_KINDS = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}
+# A figure's text (chart labels from the text layer, a page of notes the layout model took for a
+# picture) can be in the page output, so it is a page draft; its crop is not worth a region pass.
+NO_REGION_KINDS = NOT_DRAFT_KINDS | {BlockKind.FIGURE}
 REGION_BATCH = 8
 # Flag of a page that a replay model (a benchmark stand-in) was not built on.
 OUTSIDE_REPLAY_SET = "outside_replay_set"
@@ -66,6 +69,16 @@ def preflight(options: VlmOptions) -> str:
         raise ModelUnavailableError(f"cannot load model {options.model!r}: {first_line}") from None
 
 
+def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]) -> list[tuple[Block, bool]]:
+    """The blocks whose text drafts the page, in reading order, each with whether it gets a region
+    pass first."""
+    return [
+        (block, block.kind not in NO_REGION_KINDS and wants_region(block))
+        for block in blocks
+        if block.text and block.kind not in NOT_DRAFT_KINDS
+    ]
+
+
 class VlmStages:
     """One loaded model, reused for every page a worker converts."""
 
@@ -87,14 +100,12 @@ class VlmStages:
     def page_drafts(
         self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]
     ) -> tuple[list[str], list[DecodeResult]]:
-        """One draft per text block in reading order: its region output where a region pass runs,
-        else its pipeline text. Region crops are decoded in batches, each verifying its block."""
+        """One draft per `draft_plan` block: its region output where a region pass runs, else its
+        pipeline text. Region crops are decoded in batches, each verifying its block."""
         drafts: list[str] = []
         items, slots = [], []
-        for block in blocks:
-            if block.kind in NO_REGION_KINDS or not block.text:
-                continue
-            crop = crop_block(image, block.bbox, self.settings.region_padding_px) if wants_region(block) else None
+        for block, region in draft_plan(blocks, wants_region):
+            crop = crop_block(image, block.bbox, self.settings.region_padding_px) if region else None
             if crop is not None:
                 items.append((crop, self.settings.region_prompt, [block.text]))
                 slots.append(len(drafts))
