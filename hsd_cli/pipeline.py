@@ -109,7 +109,7 @@ def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig
 def vlm_stage(drafted: PageResult, image: PageImage, vlm: VlmStages, config: ConvertConfig) -> PageResult:
     output = vlm.page(image, drafted.blocks, region_planner(config.stages))
     return replace(
-        drafted, text=output.text, rejected_text=output.rejected, flags=output.flags,
+        drafted, text=output.text, rejected_text=output.rejected_text, flags=output.flags,
         timings=drafted.timings | output.timings, stats=output.stats,
     )
 

@@ -42,7 +42,7 @@ class VlmOptions:
 @dataclass(frozen=True)
 class VlmPageOutput:
     text: str | None  # None when the model output was unusable (the draft stands in)
-    rejected: str | None  # the unusable output (empty, or cut where it looped); None when used
+    rejected_text: str | None  # the unusable output (empty, or cut where it looped); None when used
     flags: tuple[str, ...]
     stats: dict[str, Any]  # counts: deterministic for a given model and input
     timings: dict[str, float]  # seconds: go to the manifest
@@ -158,7 +158,7 @@ class VlmStages:
             stats["regions"] = _region_counts(region_results)
         if baseline is not None:
             stats["baseline"] = baseline
-        return VlmPageOutput(text=text, rejected=rejected, flags=flags, stats=stats, timings=timings)
+        return VlmPageOutput(text=text, rejected_text=rejected, flags=flags, stats=stats, timings=timings)
 
 
 def _counts(stats: DecodeStats) -> dict[str, Any]:
