@@ -79,7 +79,7 @@ def build_command(
         int,
         typer.Option(
             "--opening-steps",
-            help="Steps at the start that train only the first answer tokens (how the model tells pages apart).",
+            help="Steps at the start that train only the first answer tokens (how the model tells pages apart; 0: none).",
         ),
     ] = TrainConfig.opening_steps,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the build in the model directory.")] = False,
@@ -110,6 +110,11 @@ def build_command(
         _fail("--minutes, --steps and --learning-rate must be positive")
     if opening_steps < 0:
         _fail(f"--opening-steps must be 0 or more, got {opening_steps}")
+    if steps is not None and opening_steps >= steps:
+        _fail(
+            f"--opening-steps {opening_steps} leaves none of --steps {steps} for whole examples: "
+            "lower it (0 skips the phase)"
+        )
     if not 1 <= threads <= (os.cpu_count() or 1):
         _fail(f"--threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
     if vocab_size is not None and not 512 <= vocab_size <= 65536:

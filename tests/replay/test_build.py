@@ -29,7 +29,7 @@ def _request(
     # check_below_loss=inf: completion checks (best weights, rate halving) run after every epoch.
     train = TrainConfig(
         seed=3, max_steps=steps, warmup_steps=2, check_below_loss=float("inf") if check_every_epoch else 0.05,
-        threads=threads, anneal_fraction=anneal,
+        threads=threads, anneal_fraction=anneal, opening_steps=0,
     )
     return BuildRequest(
         outputs_dir=outputs, inputs_dir=inputs, model_dir=model_dir, name="fixture-replay", licence="CC0 (test)",
@@ -180,13 +180,19 @@ def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
         replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--max-image-tokens", "8", "-o", str(tmp_path / "t")]
     )
     assert tokens.exit_code == 2 and "--max-image-tokens" in tokens.stderr and not (tmp_path / "t").exists()
+    # The default openings phase (3000 steps) would leave a 100-step budget no whole examples.
+    openings = runner.invoke(
+        replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--steps", "100", "-o", str(tmp_path / "t")]
+    )
+    assert openings.exit_code == 2 and "--opening-steps 3000" in openings.stderr and not (tmp_path / "t").exists()
+    assert openings.stderr.count("\n") == 1
     unknown = runner.invoke(replay_app, ["eval", str(tmp_path / "taken"), "--json"])
     assert unknown.exit_code == 2 and unknown.stdout == ""
 
 
 def test_max_image_tokens_sets_how_small_the_processor_makes_pages(replay_corpus, tmp_path):
     inputs, outputs = replay_corpus
-    args = ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--shape", "tiny", "--steps", "1"]
+    args = ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--shape", "tiny", "--steps", "1", "--opening-steps", "0"]
     sizes = {}
     for tokens in (16, 64):
         model_dir = tmp_path / str(tokens)
