@@ -12,7 +12,6 @@ model is given a page it was not built on.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +21,7 @@ import typer
 from rich.console import Console
 
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
-from hsd_cli.replay.train_config import TrainConfig
+from hsd_cli.replay.train_config import TrainConfig, available_cpus
 
 __all__ = ["replay_app", "replay_fingerprint_check"]
 
@@ -84,8 +83,9 @@ def build_command(
     ] = TrainConfig.opening_steps,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the build in the model directory.")] = False,
     threads: Annotated[
-        int, typer.Option("--threads", help="CPU threads for training (more is faster on a machine left to the build).")
-    ] = 1,
+        int | None,
+        typer.Option("--threads", help="CPU threads for training (default: all this process may use; 1 lets two builds share)."),
+    ] = None,
     shape: Annotated[str, typer.Option("--shape", help="default (6.3 M parameters) or tiny (tests).")] = "default",
     vocab_size: Annotated[
         int | None, typer.Option("--vocab-size", help="Tokenizer size (default 4096; more for CJK-heavy outputs).")
@@ -115,8 +115,10 @@ def build_command(
             f"--opening-steps {opening_steps} leaves none of --steps {steps} for whole examples: "
             "lower it (0 skips the phase)"
         )
-    if not 1 <= threads <= (os.cpu_count() or 1):
-        _fail(f"--threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
+    cpus = available_cpus()
+    threads = cpus if threads is None else threads
+    if not 1 <= threads <= cpus:
+        _fail(f"--threads must be between 1 and the {cpus} CPUs this process may use, got {threads}")
     if vocab_size is not None and not 512 <= vocab_size <= 65536:
         _fail(f"--vocab-size must be between 512 and 65536, got {vocab_size}")
     if max_image_tokens is not None and not 16 <= max_image_tokens <= 4096:

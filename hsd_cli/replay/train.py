@@ -6,7 +6,8 @@ each step contrasts different images with their different openings, which full e
 long page per batch) cannot do; each pass over the head batches takes them in a new order. A
 build may start with an openings phase of head batches only: telling the images apart takes the
 vision tower many more steps than reciting the bodies takes the LM, and learnt together at a high
-rate the tower's output collapsed to one vector.
+rate the tower's output collapsed to one vector. A minute-limited build ends the phase early
+rather than spend its whole budget there.
 
 Deterministic for a seed and thread count: a fixed batch order per epoch, no dropout; a resumed
 run continues exactly where the checkpoint stopped (bit for bit at the same thread count). It
@@ -184,6 +185,12 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, weights_only=False)
 
 
+def checkpoint_opening_end(state: dict, config: TrainConfig) -> int:
+    """The step at which a checkpoint's openings phase ends (cut short by time, or as configured:
+    checkpoints from before the cut existed do not say)."""
+    return state.get("opening_end", config.opening_steps)
+
+
 # May differ between a checkpoint and the run resuming it: the limits (they may grow) and the
 # thread count.
 _RESUMABLE_SETTINGS = ("max_minutes", "max_steps", "checkpoint_minutes", "threads")
@@ -192,6 +199,14 @@ _RESUMABLE_SETTINGS = ("max_minutes", "max_steps", "checkpoint_minutes", "thread
 def _fixed_settings(settings: dict) -> dict:
     """The settings a resumed run must share with its checkpoint."""
     return {k: v for k, v in settings.items() if k not in _RESUMABLE_SETTINGS}
+
+
+def openings_end(config: TrainConfig, end: int, step: int, seconds: float) -> int:
+    """The step at which the openings phase ends, given where it was to end (`end`) and the build
+    at `step` after `seconds` of training: a minute-limited build past `opening_share` of its
+    minutes ends it now; a step-limited build stays deterministic and keeps its steps."""
+    cut = config.max_steps is None and seconds >= config.opening_share * config.max_minutes * 60
+    return min(end, step) if cut else end
 
 
 def annealed_rate(rate: float, min_rate: float, budget_spent: float, anneal_fraction: float) -> float:
@@ -236,6 +251,7 @@ def train(
     heads = [head(e, config.first_tokens) for e in examples]
     head_batches = make_batches(heads, config.head_batch_tokens)
     step, epoch, position, spent, losses = 0, 0, 0, 0.0, []
+    opening_end = config.opening_steps
     learning_rate, best, stale = config.learning_rate, float("inf"), 0
     # The weights of the best completion check so far, as (exact examples, smallest margin): late
     # in training the margins oscillate around 0, and the last weights can be a worse pick.
@@ -244,13 +260,20 @@ def train(
         state = load_checkpoint(checkpoint)
         # Settings added since the checkpoint was made take their defaults.
         made_with = {**asdict(TrainConfig()), **state["train_config"]}
-        if _fixed_settings(made_with) != _fixed_settings(asdict(config)):
-            raise ValueError(f"{checkpoint} was made with other training settings; build afresh without --resume")
+        differing = [
+            f"{key} {made_with[key]} (this run: {value})"
+            for key, value in _fixed_settings(asdict(config)).items() if made_with[key] != value
+        ]
+        if differing:
+            raise ValueError(
+                f"{checkpoint} was made with {', '.join(differing)}: resume with its settings or build afresh without --resume"
+            )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, position, spent, losses = state["step"], state["epoch"], state["position"], state["seconds"], state["losses"]
         learning_rate, best, stale = state["learning_rate"], state["best"], state["stale"]
         best_check, best_weights = tuple(state["best_check"]), state["best_weights"]
+        opening_end = checkpoint_opening_end(state, config)
         log(f"resumed at step {step} (epoch {epoch}, {spent / 60:.1f} min trained)")
     model.train()
     started = time.perf_counter() - spent
@@ -262,7 +285,7 @@ def train(
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "train_config": asdict(config),
             "step": step, "epoch": epoch, "position": position, "seconds": time.perf_counter() - started,
             "losses": losses, "learning_rate": learning_rate, "best": best, "stale": stale,
-            "best_check": best_check, "best_weights": best_weights,
+            "best_check": best_check, "best_weights": best_weights, "opening_end": opening_end,
         })
 
     stop_reason = None
@@ -275,7 +298,7 @@ def train(
                 group["lr"] = rate * min(1.0, (step + 1) / config.warmup_steps)
             passes, within = divmod(step, len(head_batches))
             head_batch = head_batches[head_batch_order(config.seed, passes, len(head_batches))[within]]
-            openings_only = step < config.opening_steps
+            openings_only = step < opening_end
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 loss = 0.0 if openings_only else batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id)
                 loss = loss + config.first_weight * batch_loss(model, [heads[i] for i in head_batch], pad_id)
@@ -286,7 +309,11 @@ def train(
             losses.append(round(loss.item(), 5))
             step += 1
             if openings_only:
-                if step % len(head_batches) == 0 or step == config.opening_steps:
+                opening_end = openings_end(config, opening_end, step, time.perf_counter() - started)
+                if step == opening_end < config.opening_steps:
+                    log(f"openings: ended at step {step} of {config.opening_steps}, at {config.opening_share:.0%} "
+                        f"of the {config.max_minutes:g} minutes (the whole examples need the rest)")
+                elif step % len(head_batches) == 0 or step == config.opening_steps:
                     recent = losses[-len(head_batches):]
                     log(f"openings: step {step} of {config.opening_steps}, loss {sum(recent) / len(recent):.4f}, "
                         f"rate {rate:.1e}, {(time.perf_counter() - started) / 60:.1f} min")

@@ -1,7 +1,9 @@
 """Build -> save -> load -> decode on a tiny replay model (a few steps: structure, not accuracy)."""
 
+import itertools
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pymupdf
 import pytest
@@ -13,11 +15,12 @@ from typer.testing import CliRunner
 from hsd_cli.decoding import build_tiny_random, decode, load_target
 from hsd_cli.replay import replay_app, replay_fingerprint_check
 from hsd_cli.replay import build as replay_build
+from hsd_cli.replay import train as replay_train
 from hsd_cli.replay.build import BuildRequest, build, default_model_dir
 from hsd_cli.replay.dataset import DATA_DIR, load_examples
 from hsd_cli.replay.model import TINY_SHAPE
-from hsd_cli.replay.train import annealed_rate, head_batch_order
-from hsd_cli.replay.train_config import TrainConfig
+from hsd_cli.replay.train import annealed_rate, head_batch_order, openings_end
+from hsd_cli.replay.train_config import TrainConfig, available_cpus
 from hsd_cli.stages.rasterize import render_page
 from tests.conftest import run_hsd
 
@@ -132,6 +135,39 @@ def test_an_openings_phase_trains_first_tokens_only_and_resumes_into_full_exampl
     assert all(bool((weights[0][k] == weights[1][k]).all()) for k in weights[0])
 
 
+def test_openings_end_at_their_share_of_the_minutes_unless_steps_limit_the_build():
+    minutes = TrainConfig(opening_steps=3000, opening_share=0.5, max_minutes=10)
+    assert openings_end(minutes, end=3000, step=100, seconds=299) == 3000
+    assert openings_end(minutes, end=3000, step=100, seconds=300) == 100
+    assert openings_end(minutes, end=100, step=250, seconds=400) == 100  # ended already
+    steps = replace(minutes, max_steps=5000)  # deterministic: time never changes what it trains
+    assert openings_end(steps, end=3000, step=100, seconds=600) == 3000
+
+
+def test_a_short_minute_budget_cuts_the_openings_and_trains_whole_examples(replay_corpus, tmp_path, monkeypatch):
+    # A clock that moves a second each time the training loop reads it: the 1-minute budget runs
+    # out within a few dozen steps, the openings (1000 steps) end at its half.
+    clock = itertools.count()
+    monkeypatch.setattr(replay_train, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    plain = _request(replay_corpus, tmp_path / "model", steps=None, anneal=0.0)
+    request = replace(plain, train=replace(plain.train, opening_steps=1000, max_minutes=1.0))
+    messages = []
+    record = build(request, log=messages.append)
+    ended = [m for m in messages if m.startswith("openings: ended at step ")]
+    assert len(ended) == 1 and "50% of the 1 minutes" in ended[0]
+    assert record["training"]["stop_reason"] == "minutes" and record["training"]["epochs"] >= 1
+    status = CliRunner().invoke(replay_app, ["status", str(tmp_path / "model"), "--json"])
+    assert json.loads(status.stdout)["opening_steps_left"] == 0
+
+
+def test_resume_with_other_settings_names_them(replay_corpus, tmp_path):
+    build(_request(replay_corpus, tmp_path / "model", steps=2))
+    other = _request(replay_corpus, tmp_path / "model", steps=4, resume=True)
+    other = replace(other, train=replace(other.train, learning_rate=1e-3, seed=4))
+    with pytest.raises(ValueError, match=r"made with seed 3 \(this run: 4\), learning_rate 0.0005 \(this run: 0.001\)"):
+        build(other)
+
+
 def test_head_batches_come_in_a_new_seeded_order_every_pass():
     orders = [head_batch_order(seed=0, pass_number=n, count=17) for n in range(4)]
     assert all(sorted(order) == list(range(17)) for order in orders)
@@ -176,6 +212,11 @@ def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
         replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--threads", "0", "-o", str(tmp_path / "t")]
     )
     assert threads.exit_code == 2 and "--threads" in threads.stderr and not (tmp_path / "t").exists()
+    too_many = runner.invoke(
+        replay_app,
+        ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--threads", str(available_cpus() + 1), "-o", str(tmp_path / "t")],
+    )
+    assert too_many.exit_code == 2 and f"the {available_cpus()} CPUs" in too_many.stderr and not (tmp_path / "t").exists()
     tokens = runner.invoke(
         replay_app, ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--max-image-tokens", "8", "-o", str(tmp_path / "t")]
     )
@@ -198,7 +239,9 @@ def test_max_image_tokens_sets_how_small_the_processor_makes_pages(replay_corpus
         model_dir = tmp_path / str(tokens)
         built = CliRunner().invoke(replay_app, [*args, "--max-image-tokens", str(tokens), "-o", str(model_dir)])
         assert built.exit_code == 0, built.stderr
-        assert json.loads((model_dir / "replay.json").read_text())["shape"]["max_image_tokens"] == tokens
+        record = json.loads((model_dir / "replay.json").read_text())
+        assert record["shape"]["max_image_tokens"] == tokens
+        assert record["train_config"]["threads"] == available_cpus()  # no --threads: all it may use
         config = json.loads((model_dir / "processor_config.json").read_text())
         sizes[tokens] = config["image_processor"]["size"]["longest_edge"]  # pixels at most
     assert sizes[64] == 4 * sizes[16]
