@@ -149,6 +149,13 @@ def build_command(
         f"done, whole build {record['build_seconds'] / 60:.1f} min: page accuracy {scores.get('page_char_accuracy')}, "
         f"crop accuracy {scores.get('crop_char_accuracy')}; card: {model_dir / 'README.md'}"
     )
+    training = record["training"]
+    if training["stop_reason"] != "done":
+        _stderr.print(
+            f"stopped at the --{training['stop_reason']} limit with {training['exact_examples']} of "
+            f"{training['examples']} examples reproduced: give --resume and a larger limit to train on",
+            markup=False,
+        )
     if json_output:
         summary = {k: record[k] for k in ("name", "parameters", "training", "build_seconds", "eval") if k in record}
         sys.stdout.write(json.dumps({"model_dir": str(model_dir), **summary}) + "\n")

@@ -239,6 +239,8 @@ def test_max_image_tokens_sets_how_small_the_processor_makes_pages(replay_corpus
         model_dir = tmp_path / str(tokens)
         built = CliRunner().invoke(replay_app, [*args, "--max-image-tokens", str(tokens), "-o", str(model_dir)])
         assert built.exit_code == 0, built.stderr
+        # One step reproduces nothing: the user is told the build stopped short, and how to go on.
+        assert "stopped at the --steps limit with 0 of " in built.stderr and "--resume" in built.stderr
         record = json.loads((model_dir / "replay.json").read_text())
         assert record["shape"]["max_image_tokens"] == tokens
         assert record["train_config"]["threads"] == available_cpus()  # no --threads: all it may use
