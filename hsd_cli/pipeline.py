@@ -134,7 +134,7 @@ def vlm_options(config: ConvertConfig) -> VlmOptions | None:
 
 def region_planner(stages: Stages) -> Callable[[Block], bool]:
     """Which blocks get a region pass. auto: only where the pipeline draft is uncertain, since a
-    born-digital text layer is already what the page stage would accept (hsd-method.md, 7)."""
+    born-digital text layer is already what the page stage would accept (docs/method.md, section 7)."""
     if stages is Stages.REGION_PAGE:
         return lambda block: True
     if stages is Stages.PAGE:
