@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hsd_cli.decoding import build_tiny_random
+from hsd_cli.models.tiny import build_tiny_random
 from tests import fixtures
 from tests.conftest import run_hsd
 

@@ -292,7 +292,8 @@ def decode(
     from PIL import Image
     from transformers.utils import logging as hf_logging
 
-    from hsd_cli.decoding import ProposerConfig, SamplingConfig, build_tiny_random, load_target
+    from hsd_cli.decoding import ProposerConfig, SamplingConfig, load_target
+    from hsd_cli.models.tiny import build_tiny_random
 
     chosen_arms = [a.strip() for a in arms.split(",") if a.strip()]
     unknown = set(chosen_arms) - set(ARMS)

@@ -1,1 +1,2 @@
-"""Model-family settings (prompts, draft matching) and model lookup."""
+"""Model-family settings (prompts, draft matching), model lookup, and the small models built here
+for tests, benchmarks and replay models (`tiny`)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, adapter_for, build_tiny_tokenizer
+from hsd_cli.decoding.hf_adapter import adapter_for
+from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_tokenizer, offline_text, qwen25_vl_config, text_settings
 
 FAMILY = "qwen2_5_vl"
 PATCH = 14
@@ -56,9 +57,7 @@ def _general_text() -> list[str]:
     import string
     import textwrap
 
-    modules = (argparse, collections, difflib, string, textwrap, json)
-    texts = [m.__doc__ or "" for m in modules] + [str.__doc__, list.__doc__, dict.__doc__]
-    return [*texts, " ".join(str(n) for n in range(0, 2000, 7))]
+    return offline_text(argparse, collections, difflib, string, textwrap, json)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -68,47 +67,32 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def model_config(shape: ReplayShape, tokenizer):
-    from transformers import Qwen2_5_VLConfig
-
     head_dim = shape.text_width // shape.text_heads
     rotary = head_dim // 2  # frequencies, split over the (temporal, height, width) MRoPE axes
     section = [rotary - 2 * (3 * rotary // 8), 3 * rotary // 8, 3 * rotary // 8]
-    ids = tokenizer.convert_tokens_to_ids
-    text = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=shape.text_width,
-        intermediate_size=shape.text_ffn,
-        num_hidden_layers=shape.text_layers,
-        num_attention_heads=shape.text_heads,
-        num_key_value_heads=shape.text_kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=8192,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
-        bos_token_id=ids(QWEN_TOKENS.pad),
-        eos_token_id=ids(QWEN_TOKENS.eos),
-        pad_token_id=ids(QWEN_TOKENS.pad),
+    text = text_settings(
+        tokenizer,
+        QWEN_TOKENS,
+        width=shape.text_width,
+        layers=shape.text_layers,
+        heads=shape.text_heads,
+        kv_heads=shape.text_kv_heads,
+        ffn=shape.text_ffn,
+        max_positions=8192,
+        mrope_section=section,
     )
-    vision = dict(
+    return qwen25_vl_config(
+        tokenizer,
+        text,
         depth=shape.vision_depth,
-        hidden_size=shape.vision_width,
-        intermediate_size=shape.vision_ffn,
-        num_heads=shape.vision_heads,
-        out_hidden_size=shape.text_width,
+        width=shape.vision_width,
+        heads=shape.vision_heads,
+        ffn=shape.vision_ffn,
         patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        temporal_patch_size=2,
+        merge_size=MERGE,
         window_size=112,
         # Every block attends over the whole image: pages differ anywhere, not within windows.
-        fullatt_block_indexes=list(range(shape.vision_depth)),
-    )
-    return Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids(QWEN_TOKENS.image),
-        video_token_id=ids(QWEN_TOKENS.video),
-        vision_start_token_id=ids(QWEN_TOKENS.vision_start),
-        vision_end_token_id=ids(QWEN_TOKENS.vision_end),
-        tie_word_embeddings=False,
+        full_attention_blocks=range(shape.vision_depth),
     )
 
 

@@ -12,7 +12,8 @@ from PIL import Image
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from hsd_cli.decoding import build_tiny_random, decode, load_target
+from hsd_cli.decoding import decode, load_target
+from hsd_cli.models.tiny import build_tiny_random
 from hsd_cli.replay import replay_app, replay_fingerprint_check
 from hsd_cli.replay import build as replay_build
 from hsd_cli.replay import train as replay_train
@@ -334,7 +335,7 @@ def test_status_counts_examples_that_start_right_apart_from_reproduced_ones(repl
 def test_matmul_patch_projection_equals_the_stock_convolution():
     import torch
 
-    from hsd_cli.decoding.hf_adapter import QWEN_TOKENS, build_tiny_tokenizer
+    from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_tokenizer
     from hsd_cli.replay.model import new_model, use_matmul_patch_projection
 
     tokenizer = build_tiny_tokenizer(QWEN_TOKENS, TINY_SHAPE.vocab_size)

@@ -1,0 +1,360 @@
+"""Small models built here, offline, for tests, benchmarks and replay models.
+
+Tiny random models of every supported family (`build_tiny_random`), byte-level BPE tokenizers
+trained on a fixed offline corpus (`build_tiny_tokenizer`), and the Qwen2.5-VL config that both
+the tiny models and the replay models (`hsd_cli.replay.model`) use.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hsd_cli.decoding.hf_adapter import adapter_for
+
+
+@dataclass(frozen=True)
+class TinyTokens:
+    """A family's special tokens as its processor and config expect them."""
+
+    pad: str
+    eos: str
+    image: str
+    video: str
+    vision_start: str
+    vision_end: str
+    others: tuple[str, ...] = ()
+    chat_template: str = ""
+
+    @property
+    def all(self) -> list[str]:
+        return list(dict.fromkeys([self.pad, self.eos, self.image, self.video, self.vision_start, self.vision_end, *self.others]))
+
+
+QWEN_TOKENS = TinyTokens(
+    pad="<|endoftext|>",
+    eos="<|im_end|>",
+    image="<|image_pad|>",
+    video="<|video_pad|>",
+    vision_start="<|vision_start|>",
+    vision_end="<|vision_end|>",
+    others=("<|im_start|>",),
+    chat_template=(
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+)
+
+PADDLE_TOKENS = TinyTokens(
+    pad="<unk>",
+    eos="</s>",
+    image="<|IMAGE_PLACEHOLDER|>",
+    video="<|video_pad|>",
+    vision_start="<|IMAGE_START|>",
+    vision_end="<|IMAGE_END|>",
+    others=("<s>",),
+    chat_template=(
+        "{% for message in messages %}{% if message['role'] == 'user' %}User: "
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}\n"
+        "{% else %}Assistant: {{ message['content'] }}</s>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}Assistant: {% endif %}"
+    ),
+)
+
+HUNYUAN_TOKENS = TinyTokens(
+    pad="<｜hy_pad｜>",
+    eos="<｜hy_eos｜>",
+    image="<｜hy_image｜>",
+    video="<｜hy_video｜>",
+    vision_start="<｜hy_image_start｜>",
+    vision_end="<｜hy_image_end｜>",
+    others=("<｜hy_newline｜>", "<｜hy_User｜>", "<｜hy_Assistant｜>"),
+    chat_template=(
+        "{% for message in messages %}{% if message['role'] == 'user' %}<｜hy_User｜>"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<｜hy_image_start｜><｜hy_image｜><｜hy_image_end｜>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "{% else %}<｜hy_Assistant｜>{{ message['content'] }}<｜hy_eos｜>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<｜hy_Assistant｜>{% endif %}"
+    ),
+)
+
+IDEFICS3_TOKENS = TinyTokens(
+    pad="<|endoftext|>",
+    eos="<end_of_utterance>",
+    image="<image>",
+    video="<video>",
+    vision_start="<fake_token_around_image>",
+    vision_end="<global-img>",
+    others=("<|im_start|>",),
+    chat_template=(
+        "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+    ),
+)
+
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "idefics3")
+TINY_TOKENS = {"paddleocr_vl": PADDLE_TOKENS, "hunyuan_vl": HUNYUAN_TOKENS, "idefics3": IDEFICS3_TOKENS}
+
+
+_PROSE = (
+    "The quick brown fox jumps over the lazy dog. A document page holds titles, paragraphs, "
+    "lists, tables, formulas, figures and captions. Each block is read in order, from the top "
+    "left to the bottom right, and written out as Markdown. Numbers such as 3.14, 2026 and 42 "
+    "appear in dates, prices and references; names such as Alice, Bob and Carol appear in text. "
+    "Simple is better than complex, and readability counts. In the face of ambiguity, refuse the "
+    "temptation to guess. Errors should never pass silently. Now is better than never."
+)
+
+_MARKUP = (
+    "# Title\n\n## Section 1.2\n\nSome **bold** text and *italic* text, a [link](http://x.org).",
+    "| a | b |\n|---|---|\n| 1 | 2 |\n<table><tr><td>cell</td></tr></table>",
+    "$x^2 + y^2 = z^2$ and $$\\frac{a}{b} \\sum_{i=1}^{n} \\alpha_i$$",
+)
+
+
+def offline_text(*documented: object) -> list[str]:
+    """General text available offline: the docstrings of `documented` and of str, list and dict,
+    and a run of numbers."""
+    return [item.__doc__ or "" for item in (*documented, str, list, dict)] + [" ".join(str(n) for n in range(0, 2000, 7))]
+
+
+def _tokenizer_corpus() -> list[str]:
+    """The tiny tokenizers' fixed corpus: prose, Python docstrings, Markdown, LaTeX and digits."""
+    return [_PROSE, *offline_text(json.dumps, string.Formatter), *_MARKUP]
+
+
+def build_tiny_tokenizer(
+    tokens: TinyTokens = QWEN_TOKENS,
+    vocab_size: int = 1024,
+    corpus: Sequence[str] | None = None,
+    min_frequency: int = 0,
+):
+    """A byte-level BPE trained offline on `corpus` (default: a fixed one), with the family's
+    special tokens. Every byte is a token, so any text encodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=tokens.all,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(_tokenizer_corpus() if corpus is None else corpus, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=tokens.eos,
+        pad_token=tokens.pad,
+        extra_special_tokens={
+            "image_token": tokens.image,
+            "video_token": tokens.video,
+            "image_start_token": tokens.vision_start,
+            "image_end_token": tokens.vision_end,
+        },
+        additional_special_tokens=[t for t in tokens.all if t not in (tokens.eos, tokens.pad)],
+    )
+    tokenizer.chat_template = tokens.chat_template
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs
+
+
+def text_settings(
+    tokenizer,
+    tokens: TinyTokens,
+    *,
+    width: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    max_positions: int,
+    mrope_section: Sequence[int],
+) -> dict:
+    """A VLM's `text_config` settings: sizes, MRoPE split and the tokenizer's special ids."""
+    ids = tokenizer.convert_tokens_to_ids
+    return dict(
+        vocab_size=len(tokenizer),
+        hidden_size=width,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=width // heads,
+        max_position_embeddings=max_positions,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(mrope_section)},
+        bos_token_id=ids(tokens.pad),
+        eos_token_id=ids(tokens.eos),
+        pad_token_id=ids(tokens.pad),
+    )
+
+
+def vision_token_settings(tokenizer, tokens: TinyTokens) -> dict:
+    """The ids of the image, video and vision delimiter tokens, as Qwen-style configs name them."""
+    ids = tokenizer.convert_tokens_to_ids
+    return dict(
+        image_token_id=ids(tokens.image),
+        video_token_id=ids(tokens.video),
+        vision_start_token_id=ids(tokens.vision_start),
+        vision_end_token_id=ids(tokens.vision_end),
+    )
+
+
+def qwen25_vl_config(
+    tokenizer,
+    text: dict,
+    *,
+    depth: int,
+    width: int,
+    heads: int,
+    ffn: int,
+    patch_size: int,
+    merge_size: int,
+    window_size: int,
+    full_attention_blocks: Sequence[int],
+):
+    """A Qwen2.5-VL config around `text` (see `text_settings`) with a vision tower of these sizes."""
+    from transformers import Qwen2_5_VLConfig
+
+    vision = dict(
+        depth=depth,
+        hidden_size=width,
+        intermediate_size=ffn,
+        num_heads=heads,
+        out_hidden_size=text["hidden_size"],
+        patch_size=patch_size,
+        spatial_merge_size=merge_size,
+        temporal_patch_size=2,
+        window_size=window_size,
+        fullatt_block_indexes=list(full_attention_blocks),
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, **vision_token_settings(tokenizer, QWEN_TOKENS), tie_word_embeddings=False
+    )
+
+
+def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
+    # head_dim 16 -> 8 rotary frequencies split over the (temporal, height, width) axes.
+    text = text_settings(
+        tokenizer, tokens, width=64, layers=2, heads=4, kv_heads=2, ffn=128, max_positions=4096, mrope_section=[2, 3, 3]
+    )
+    # Larger init than the real 0.02 so a random model's greedy text depends on its context
+    # instead of falling into a short loop at once.
+    text["initializer_range"] = 0.3
+    common = dict(vision_token_settings(tokenizer, tokens), tie_word_embeddings=False)
+    if family == "qwen2_5_vl":
+        return qwen25_vl_config(
+            tokenizer, text, depth=2, width=32, heads=2, ffn=64, patch_size=14, merge_size=2, window_size=56, full_attention_blocks=[1]
+        )
+    if family == "qwen2_vl":
+        from transformers import Qwen2VLConfig
+
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+        return Qwen2VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "qwen3_vl":
+        from transformers import Qwen3VLConfig
+
+        vision = dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, spatial_merge_size=2, out_hidden_size=64,
+            patch_size=16, temporal_patch_size=2, num_position_embeddings=64, deepstack_visual_indexes=[1],
+        )
+        return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "paddleocr_vl":
+        from transformers import PaddleOCRVLConfig
+
+        vision = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            patch_size=14, image_size=56, spatial_merge_size=2,
+        )
+        return PaddleOCRVLConfig(text_config=text, vision_config=vision, **common)
+    if family == "hunyuan_vl":
+        from transformers import HunYuanVLConfig
+
+        # Four XD-RoPE axes as in HunyuanOCR: (sequence, width, height, image index).
+        text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=[2, 2, 2, 2])
+        vision = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            out_hidden_size=64, text_hidden_size=64, patch_size=16, spatial_merge_size=2,
+        )
+        return HunYuanVLConfig(
+            text_config=text,
+            vision_config=vision,
+            image_token_id=common["image_token_id"],
+            im_start_id=common["vision_start_token_id"],
+            im_end_id=common["vision_end_token_id"],
+            im_newline_id=tokenizer.convert_tokens_to_ids("<｜hy_newline｜>"),
+            tie_word_embeddings=False,
+        )
+    if family == "idefics3":
+        from transformers import Idefics3Config
+
+        llama = dict(text, model_type="llama")
+        del llama["rope_parameters"]  # plain 1-D RoPE
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)
+        return Idefics3Config(
+            text_config=llama, vision_config=vision, image_token_id=common["image_token_id"], scale_factor=2, tie_word_embeddings=False
+        )
+    raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
+
+
+def _tiny_processor(family: str, tokenizer, config):
+    """The family's processor with an image processor that makes 4 to 16 merged image tokens."""
+    if family == "idefics3":
+        from transformers import Idefics3Processor
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+        # One 32-pixel image, no splitting: (32 / 8)^2 patches / scale_factor^2 = 4 image tokens.
+        side = {"longest_edge": config.vision_config.image_size}
+        image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side)
+        return Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
+    patch = config.vision_config.patch_size
+    merged = patch * config.vision_config.spatial_merge_size
+    pixels = dict(min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2)
+    return adapter_for(family).new_processor(tokenizer, patch_size=patch, **pixels)
+
+
+def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random model + processor of `family`, save both to `out_dir`, return it.
+
+    The rows of the LM head for special tokens are zeroed so greedy decoding never ends on
+    its own: logits of random rows are spread around 0, so a zero logit is never the argmax.
+    """
+    from transformers import AutoModelForImageTextToText
+
+    out_dir = Path(out_dir)
+    tokens = TINY_TOKENS.get(family, QWEN_TOKENS)
+    tokenizer = build_tiny_tokenizer(tokens)
+    config = _tiny_config(family, tokenizer, tokens)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for token in tokens.all:
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)].zero_()
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    model.save_pretrained(out_dir)
+    _tiny_processor(family, tokenizer, config).save_pretrained(out_dir)
+    return out_dir
