@@ -46,34 +46,52 @@ class DecodeResult:
     text: str = ""
 
 
+class TargetState(Protocol):
+    """What the loop reads of a target's batch state (the rest is the target's own)."""
+
+    rows: list[int]  # the caller's index of each row still in the batch
+
+
 class Target(Protocol):
     stop_token_ids: list[int]
 
     def inputs(self, images: Sequence[Any], prompts: Sequence[str]) -> dict: ...
 
-    def prefill(self, inputs: dict) -> tuple[Any, torch.Tensor]: ...
+    def prefill(self, inputs: dict) -> tuple[TargetState, torch.Tensor]: ...
 
-    def forward_tree(self, state: Any, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor: ...
+    def forward_tree(self, state: TargetState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor: ...
 
-    def commit(self, state: Any, width: int, kept_nodes: Sequence[Sequence[int]]) -> None: ...
+    def commit(self, state: TargetState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None: ...
 
-    def keep_rows(self, state: Any, keep: Sequence[int]) -> None: ...
+    def keep_rows(self, state: TargetState, keep: Sequence[int]) -> None: ...
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 
-def is_looping(tokens: Sequence[int], repeats: int, max_unit: int = 10) -> bool:
-    """True when the output ends in a unit of <= max_unit tokens repeated more than `repeats` times."""
-    for unit in range(1, max_unit + 1):
-        span = unit * (repeats + 1)
-        if len(tokens) < span:
-            return False
-        tail = list(tokens[-span:])
-        if tail == tail[-unit:] * (repeats + 1):
-            return True
-    return False
+class RepetitionGuard:
+    """Does the output end in a unit of <= max_unit tokens repeated more than `repeats` times?
+
+    Told every token as it is emitted, it answers in O(max_unit): for every unit size u it keeps
+    how many trailing tokens equal the token u places before them. The last (repeats + 1) units
+    of size u are equal exactly when that run reaches u * repeats.
+    """
+
+    def __init__(self, repeats: int, max_unit: int = 10):
+        self.repeats = repeats
+        self.runs = [0] * (max_unit + 1)  # index = unit size; index 0 unused
+
+    def loops_after(self, tokens: Sequence[int]) -> bool:
+        """Update with tokens[-1], the token just appended; True if the output now loops."""
+        looping = False
+        for unit in range(1, len(self.runs)):
+            if len(tokens) > unit and tokens[-1] == tokens[-1 - unit]:
+                self.runs[unit] += 1
+                looping = looping or self.runs[unit] >= unit * self.repeats
+            else:
+                self.runs[unit] = 0
+        return looping
 
 
 @dataclass
@@ -82,9 +100,15 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     stop_reason: str | None = None
+    guard: RepetitionGuard | None = None
 
     def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
-        """Append tokens up to and including a stop token or the budget; return how many."""
+        """Append tokens up to and including the first that ends the output (a stop token, the
+        budget, a loop); return how many. Every token is checked as plain decoding checks it, so
+        a loop that starts and ends inside one accepted chunk stops the output where plain
+        decoding stops."""
+        if config.repetition_guard and self.guard is None:
+            self.guard = RepetitionGuard(config.repetition_guard)
         count = 0
         for token in new_tokens:
             if len(self.tokens) >= config.max_new_tokens:
@@ -92,17 +116,19 @@ class _Sequence:
                 break
             self.tokens.append(token)
             count += 1
+            looping = self.guard is not None and self.guard.loops_after(self.tokens)
             if token in stop_ids:
                 self.stop_reason = "eos"
+            elif len(self.tokens) >= config.max_new_tokens:
+                self.stop_reason = "budget"
+            elif looping:
+                self.stop_reason = "repetition"
+            if self.stop_reason is not None:
                 break
-        if self.stop_reason is None and len(self.tokens) >= config.max_new_tokens:
-            self.stop_reason = "budget"
-        if self.stop_reason is None and config.repetition_guard and is_looping(self.tokens, config.repetition_guard):
-            self.stop_reason = "repetition"
         return count
 
 
-def _prefill(target: Target, sequences: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> Any:
+def _prefill(target: Target, sequences: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> TargetState:
     start = perf_counter()
     inputs = target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences])
     state, logits = target.prefill(inputs)
@@ -135,7 +161,7 @@ def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sam
     return accept_paths(trees, picked)
 
 
-def _step(target: Target, state: Any, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
+def _step(target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
     start = perf_counter()
     trees = _propose(active)
     proposed_at = perf_counter()
@@ -153,7 +179,7 @@ def _step(target: Target, state: Any, active: list[_Sequence], config: DecodeCon
         sequence.stats.verify_s += finished_at - proposed_at
 
 
-def _drop_finished(target: Target, state: Any, sequences: list[_Sequence]) -> None:
+def _drop_finished(target: Target, state: TargetState, sequences: list[_Sequence]) -> None:
     keep = [i for i, row in enumerate(state.rows) if sequences[row].stop_reason is None]
     if len(keep) < len(state.rows):
         target.keep_rows(state, keep)

@@ -1,10 +1,13 @@
 """Loop behaviour beyond plain exactness: text drafts, near-lossless mode, guards, dtypes."""
 
+import random
+from types import SimpleNamespace
+
 import torch
 
 from hsd_cli.decoding.hf_adapter import load_target
-from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, decode_many, is_looping
-from hsd_cli.decoding.proposer import DraftProposer
+from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, RepetitionGuard, decode, decode_batch, decode_many
+from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.verify import SamplingConfig
 
 PROMPT = "Transcribe the text."
@@ -18,11 +21,98 @@ def greedy_reference(target, image):
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def test_is_looping():
-    assert is_looping([1, 2, 3] * 11, repeats=10)
-    assert not is_looping([1, 2, 3] * 10, repeats=10)
-    assert is_looping([9, 9] + [4] * 11, repeats=10)
-    assert not is_looping(list(range(200)), repeats=10)
+def ends_in_loop(tokens, repeats, max_unit=10):
+    """The guard's definition, checked the slow way over the whole tail."""
+    return any(
+        len(tokens) >= unit * (repeats + 1) and tokens[-unit * (repeats + 1) :] == tokens[-unit:] * (repeats + 1)
+        for unit in range(1, max_unit + 1)
+    )
+
+
+def test_repetition_guard_answers_like_its_definition_after_every_token():
+    assert ends_in_loop([1, 2, 3] * 11, 10) and not ends_in_loop([1, 2, 3] * 10, 10)
+    assert ends_in_loop([9, 9] + [4] * 11, 10) and not ends_in_loop(list(range(200)), 10)
+    rng = random.Random(0)
+    fired = 0
+    for repeats in (1, 2, 3, 10):
+        for _ in range(30):
+            # Runs of short random units repeated a random number of times: loops of every size.
+            tokens = []
+            while len(tokens) < 300:
+                unit = [rng.randrange(4) for _ in range(rng.randint(1, 12))]
+                tokens += unit * rng.randint(1, repeats + 2)
+            guard = RepetitionGuard(repeats)
+            for end in range(1, len(tokens) + 1):
+                looping = guard.loops_after(tokens[:end])
+                assert looping == ends_in_loop(tokens[:end], repeats), (repeats, end)
+                fired += looping
+    assert fired > 100
+
+
+class ScriptedTarget:
+    """A fake target that writes a fixed script per row whatever the context: at a tree node of
+    depth d it predicts script[cached + d + 1], `cached` being the row's output tokens in the cache."""
+
+    stop_token_ids = [99]
+    vocab = 100
+
+    def __init__(self, scripts):
+        self.scripts = scripts
+
+    def inputs(self, images, prompts):
+        return {"rows": len(prompts)}
+
+    def one_hot(self, row, position):
+        script = self.scripts[row]
+        return torch.nn.functional.one_hot(torch.tensor(script[position] if position < len(script) else 98), self.vocab).float()
+
+    def prefill(self, inputs):
+        rows = list(range(inputs["rows"]))
+        return SimpleNamespace(rows=rows, cached=[0] * len(rows)), torch.stack([self.one_hot(r, 0) for r in rows])
+
+    def forward_tree(self, state, tokens, depths, ancestors):
+        return torch.stack([
+            torch.stack([self.one_hot(row, state.cached[i] + d + 1) for d in depths[i].tolist()])
+            for i, row in enumerate(state.rows)
+        ])
+
+    def commit(self, state, width, kept_nodes):
+        state.cached = [cached + len(nodes) for cached, nodes in zip(state.cached, kept_nodes)]
+
+    def keep_rows(self, state, keep):
+        state.rows = [state.rows[i] for i in keep]
+        state.cached = [state.cached[i] for i in keep]
+
+    def encode(self, text):
+        return []
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return ""
+
+
+# OCR output loops for a while and goes on (empty table cells, dot leaders): a unit of 2 tokens
+# 11 times inside text, a unit of 3 tokens for good, 10 repeats (not a loop), a unit of 11 tokens
+# (too long to be a loop).
+LOOP_INSIDE = list(range(10, 15)) + [7, 8] * 11 + list(range(20, 60))
+PURE_LOOP = [1, 2, 3] * 30
+TEN_REPEATS = list(range(10, 15)) + [7, 8] * 10 + list(range(20, 60))
+LONG_UNIT = list(range(30, 41)) * 6
+
+
+def test_repetition_guard_stops_speculation_where_it_stops_plain_decoding():
+    scripts = [LOOP_INSIDE, PURE_LOOP, TEN_REPEATS, LONG_UNIT]
+    config = DecodeConfig(max_new_tokens=60, repetition_guard=10)
+    plain = decode_batch(ScriptedTarget(scripts), [DecodeRequest(None, "", NoDraftProposer()) for _ in scripts], config)
+    assert [(len(r.tokens), r.stop_reason) for r in plain] == [(27, "repetition"), (33, "repetition"), (60, "budget"), (60, "budget")]
+    # The script as its own draft: whole loops start and end inside one accepted chain.
+    one_by_one = [
+        decode_batch(ScriptedTarget([script]), [DecodeRequest(None, "", DraftProposer([script]))], config)[0] for script in scripts
+    ]
+    batched = decode_batch(ScriptedTarget(scripts), [DecodeRequest(None, "", DraftProposer([s])) for s in scripts], config)
+    for speculative in (one_by_one, batched):
+        assert [(r.tokens, r.stop_reason) for r in speculative] == [(r.tokens, r.stop_reason) for r in plain]
+        assert all(r.stats.accepted > 10 for r in speculative)
+        assert [r.stats.new_tokens for r in speculative] == [len(r.tokens) for r in plain]
 
 
 def test_text_drafts_with_other_markup(tiny_target, page_image):
