@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 import io
 import random
+import string
 from pathlib import Path
 
 import pymupdf
@@ -71,6 +73,45 @@ def scanned_pdf(source: Path, path: Path, dpi: int = 200, seed: int = 7) -> Path
     doc = pymupdf.open()
     scan_page = doc.new_page(width=page.rect.width, height=page.rect.height)
     scan_page.insert_image(scan_page.rect, stream=buffer.getvalue())
+    doc.save(path)
+    return path
+
+
+# Born-digital pages whose text layer and rendering disagree, as with a broken ToUnicode map: the
+# page shows RENDERED_LINES while its font's ToUnicode map turns every letter into its ROT13 twin.
+RENDERED_LINES = ("Harbour lanterns glow over quiet docks", "Fishermen mend their nets before dawn")
+TEXT_LAYER_LINES = tuple(codecs.encode(line, "rot13") for line in RENDERED_LINES)
+
+
+def _rot13_to_unicode_cmap() -> bytes:
+    pairs = "".join(f"<{ord(c):02X}> <{ord(codecs.encode(c, 'rot13')):04X}>\n" for c in string.ascii_letters)
+    return (
+        "/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
+        "/CIDSystemInfo << /Registry (Adobe) /Ordering (UCS) /Supplement 0 >> def\n"
+        "/CMapName /Adobe-Identity-UCS def /CMapType 2 def\n"
+        "1 begincodespacerange <00> <FF> endcodespacerange\n"
+        f"{len(string.ascii_letters)} beginbfchar\n{pairs}endbfchar\n"
+        "endcmap CMapName currentdict /CMap defineresource pop end end\n"
+    ).encode()
+
+
+def mismatched_text_layer_pdf(path: Path) -> Path:
+    """Two such pages: the first holds only text (nothing an OCR-need analysis would flag), the
+    second also a small grey picture."""
+    doc = pymupdf.open()
+    for with_picture in (False, True):
+        page = doc.new_page(width=595, height=842)
+        for index, line in enumerate(RENDERED_LINES):
+            page.insert_text((72, 120 + 30 * index), line, fontsize=16, fontname="helv")
+        if with_picture:
+            picture = io.BytesIO()
+            Image.new("RGB", (60, 40), (128, 128, 128)).save(picture, format="PNG")
+            page.insert_image(pymupdf.Rect(72, 300, 192, 380), stream=picture.getvalue())
+    cmap = doc.get_new_xref()
+    doc.update_object(cmap, "<<>>")
+    doc.update_stream(cmap, _rot13_to_unicode_cmap())
+    for font_xref in {font[0] for page in doc for font in page.get_fonts()}:
+        doc.xref_set_key(font_xref, "ToUnicode", f"{cmap} 0 R")
     doc.save(path)
     return path
 

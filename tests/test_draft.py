@@ -129,6 +129,47 @@ def test_auto_falls_back_to_ocr_when_the_text_layer_is_empty(docs_dir, monkeypat
 
     monkeypatch.setattr(draft_module, "analyze_page", lambda page: {"needs_ocr": False})
     with pymupdf.open(docs_dir / "scan.pdf") as doc:
-        result = draft_page(AutoDraft(PdfTextDraft(), OcrDraft(150)), doc[0])
+        result = draft_page(AutoDraft(PdfTextDraft(), OcrDraft(150, 4_194_304)), doc[0])
     assert result.backend == "ocr"
     assert fixtures.TITLE in " ".join(b.text for b in result.blocks)
+
+
+
+def _words(text: str) -> set[str]:
+    return set(plain(text).lower().replace(".", " ").split())
+
+
+def _block_words(blocks) -> set[str]:
+    return _words(" ".join(b.text for b in blocks))
+
+
+@pytest.fixture(scope="module")
+def mismatched_pdf(tmp_path_factory):
+    return fixtures.mismatched_text_layer_pdf(tmp_path_factory.mktemp("mismatch") / "mismatch.pdf")
+
+
+RENDERED_WORDS = _words(" ".join(fixtures.RENDERED_LINES))
+TEXT_LAYER_WORDS = _words(" ".join(fixtures.TEXT_LAYER_LINES))
+
+
+@pytest.mark.parametrize("page_index", [0, 1], ids=["text-only page", "page with a picture"])
+def test_ocr_backend_reads_the_rendering_not_the_text_layer(mismatched_pdf, tmp_path, page_index):
+    """`--draft ocr` OCRs every page, born-digital ones too, and keeps none of the text layer."""
+    page = _draft_document(mismatched_pdf, DraftBackendName.OCR, tmp_path)[page_index]
+    words = _block_words(page.blocks)
+    assert page.backend == "ocr"
+    assert len(words & RENDERED_WORDS) >= 0.8 * len(RENDERED_WORDS), words
+    assert not words & (TEXT_LAYER_WORDS - RENDERED_WORDS), words
+    assert all(b.source == "ocr" for b in page.blocks)
+    assert all(b.confidence is not None for b in page.blocks if b.kind is not BlockKind.FIGURE)
+
+
+@pytest.mark.parametrize("backend", [DraftBackendName.PDF_TEXT, DraftBackendName.AUTO])
+def test_text_layer_backends_read_the_text_layer_not_the_rendering(mismatched_pdf, tmp_path, backend):
+    """`pdf-text` reads only the text layer; `auto` keeps it too where PyMuPDF's analysis finds
+    the text layer usable (as documented), so it does not OCR these pages."""
+    for page in _draft_document(mismatched_pdf, backend, tmp_path):
+        words = _block_words(page.blocks)
+        assert page.backend == "pdf-text"
+        assert len(words & TEXT_LAYER_WORDS) >= 0.8 * len(TEXT_LAYER_WORDS), words
+        assert not words & (RENDERED_WORDS - TEXT_LAYER_WORDS), words

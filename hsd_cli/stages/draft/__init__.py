@@ -49,13 +49,13 @@ def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBacken
         case DraftBackendName.PDF_TEXT:
             return PdfTextDraft()
         case DraftBackendName.OCR:
-            return OcrDraft(config.dpi)
+            return OcrDraft(config.dpi, config.max_pixels)
         case DraftBackendName.PADDLEOCR if config.draft_json_dir is not None:
             return PaddleJsonDraft(Path(config.draft_json_dir), document_stem)
         case DraftBackendName.PADDLEOCR:
             return PaddleDraft(config.dpi)
         case _:
-            return AutoDraft(PdfTextDraft(), OcrDraft(config.dpi))
+            return AutoDraft(PdfTextDraft(), OcrDraft(config.dpi, config.max_pixels))
 
 
 def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:

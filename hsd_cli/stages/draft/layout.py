@@ -1,7 +1,7 @@
 """Blocks from PyMuPDF's layout model (via pymupdf4llm) over a page's text layer.
 
-Both the `pdf-text` and the `ocr` backends end here: OCR first writes its lines into the page as
-an invisible text layer, then the same layout analysis turns text into typed blocks.
+Both the `pdf-text` and the `ocr` backends end here: OCR first replaces the page's text layer with
+the lines it recognised, then the same layout analysis turns text into typed blocks.
 """
 
 from __future__ import annotations
@@ -43,10 +43,6 @@ _HEADING_MARKS = re.compile(r"^#{1,6}\s+")
 _PICTURE_COMMENTS = re.compile(r"<!-- (Start|End) of picture text -->")
 _BR = re.compile(r"<br\s*/?>")
 
-# (page, dpi, language, keep_ocr_text) -> None; writes OCR text into the page (pymupdf4llm's hook)
-OcrFunction = Callable[..., None]
-
-
 def _clean_block_text(kind: BlockKind, markdown: str) -> str:
     text = markdown.strip()
     if kind in (BlockKind.TITLE, BlockKind.SECTION_HEADER):
@@ -62,20 +58,16 @@ def _clean_block_text(kind: BlockKind, markdown: str) -> str:
 def layout_blocks(
     page: pymupdf.Page,
     source: str,
-    ocr_function: OcrFunction | None = None,
-    ocr_dpi: int = 150,
     confidence: Callable[[BBox], float | None] = lambda bbox: None,
 ) -> list[Block]:
-    """Typed blocks in reading order for one page; with `ocr_function` the page is OCR'd first."""
+    """Typed blocks in reading order for one page's text layer."""
     # pymupdf4llm prints blank lines to stdout, which belongs to --json; its layout features
     # take log(0) on degenerate boxes, which numpy reports as warnings.
     with contextlib.redirect_stdout(io.StringIO()), np.errstate(divide="ignore", invalid="ignore"):
         parsed = document_layout.parse_document(
             page.parent,
             pages=[page.number],
-            use_ocr=document_layout.OCRMode.FORCE_DROP_OLD if ocr_function else document_layout.OCRMode.NEVER,
-            ocr_function=ocr_function,
-            ocr_dpi=ocr_dpi,
+            use_ocr=document_layout.OCRMode.NEVER,
             force_text=True,
             render_html_tables=True,
         )

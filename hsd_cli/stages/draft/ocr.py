@@ -8,13 +8,18 @@ from functools import cache
 
 import numpy as np
 import pymupdf
-from pymupdf4llm.ocr.exec_ocr_interface import exec_ocr_full
 
 from hsd_cli.records import BBox, Block
 from hsd_cli.stages.draft.layout import layout_blocks
+from hsd_cli.stages.rasterize import render_scale
 
 # One OCR line: (x0, y0, x1, y1) in PDF points, recognition score.
 OcrLine = tuple[BBox, float]
+
+# The recognised lines are written into the page in this font (Droid Sans Fallback: every script
+# the recogniser returns), so that the layout model reads them like any text layer.
+_OCR_FONT = pymupdf.Font("cjk")
+_OCR_FONT_NAME = "hsd-ocr"
 
 
 @cache
@@ -37,35 +42,63 @@ def _mean_score_inside(lines: list[OcrLine], bbox: BBox) -> float | None:
     return round(statistics.fmean(scores), 4) if scores else None
 
 
+def recognise_page(page: pymupdf.Page, dpi: int, max_pixels: int) -> list[tuple[pymupdf.Rect, str, float]]:
+    """(line box in points, text, score) for every line OCR reads in the page's rendering."""
+    scale = render_scale((page.rect.width, page.rect.height), dpi, max_pixels)
+    pixmap = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), alpha=False)
+    image = np.frombuffer(pixmap.samples, dtype=np.uint8).reshape(pixmap.height, pixmap.width, 3)
+    result = _engine()(image)
+    if result.boxes is None:
+        return []
+    lines = []
+    for box, text, score in zip(result.boxes, result.txts, result.scores):
+        xs, ys = [p[0] / scale for p in box], [p[1] / scale for p in box]
+        rect = pymupdf.Rect(min(xs), min(ys), max(xs), max(ys))
+        if text.strip() and not rect.is_empty:
+            lines.append((rect, text, float(score)))
+    return lines
+
+
+def replace_text_layer(page: pymupdf.Page, lines: list[tuple[pymupdf.Rect, str, float]]) -> None:
+    """Drop every character of the page's own text layer (images and drawings stay) and write
+    the OCR lines in its place, each stretched to its box."""
+    page.add_redact_annot(page.rect, fill=False, cross_out=False)
+    page.apply_redactions(
+        images=pymupdf.PDF_REDACT_IMAGE_NONE,
+        graphics=pymupdf.PDF_REDACT_LINE_ART_NONE,
+        text=pymupdf.PDF_REDACT_TEXT_REMOVE,
+    )
+    if not lines:
+        return
+    page.insert_font(fontname=_OCR_FONT_NAME, fontbuffer=_OCR_FONT.buffer)
+    for rect, text, _ in lines:
+        fontsize = rect.height
+        length = _OCR_FONT.text_length(text, fontsize)
+        stretch = pymupdf.Matrix(rect.width / length if length > 0 else 1, 1)
+        page.insert_text(
+            rect.bl + (0, -0.2 * fontsize),  # baseline above the descenders
+            text,
+            fontsize=fontsize,
+            fontname=_OCR_FONT_NAME,
+            morph=(rect.bl, stretch),
+        )
+
+
 class OcrDraft:
-    """Recognises every line on the page, then groups lines into typed blocks with the layout model."""
+    """OCR on every page, whatever its text layer says: the page's rendering is recognised, its
+    own text layer is replaced by the recognised lines (in memory only), then the layout model
+    groups them into typed blocks as for `pdf-text`."""
 
     name = "ocr"
 
-    def __init__(self, dpi: int) -> None:
+    def __init__(self, dpi: int, max_pixels: int) -> None:
         self.dpi = dpi
+        self.max_pixels = max_pixels
 
     def blocks(self, page: pymupdf.Page) -> list[Block]:
-        lines: list[OcrLine] = []
-        page_width = page.rect.width
-
-        def recognise(image: np.ndarray) -> list[tuple[list, str, float]]:
-            result = _engine()(image)
-            if result.boxes is None:
-                return []
-            to_points = page_width / image.shape[1]
-            for box, score in zip(result.boxes, result.scores):
-                xs, ys = [p[0] * to_points for p in box], [p[1] * to_points for p in box]
-                lines.append(((min(xs), min(ys), max(xs), max(ys)), float(score)))
-            return list(zip(result.boxes.tolist(), result.txts, result.scores))
-
-        def ocr_into_page(page: pymupdf.Page, dpi: int = 150, language=None, keep_ocr_text=False, **_):
-            exec_ocr_full(page, recognise, dpi=dpi, keep_ocr_text=keep_ocr_text)
-
-        return layout_blocks(
-            page,
-            source=self.name,
-            ocr_function=ocr_into_page,
-            ocr_dpi=self.dpi,
-            confidence=lambda bbox: _mean_score_inside(lines, bbox),
-        )
+        # Unrotated, the rendering's coordinates are the ones text is written in.
+        page.remove_rotation()
+        lines = recognise_page(page, self.dpi, self.max_pixels)
+        replace_text_layer(page, lines)
+        boxes = [((r.x0, r.y0, r.x1, r.y1), score) for r, _, score in lines]
+        return layout_blocks(page, source=self.name, confidence=lambda bbox: _mean_score_inside(boxes, bbox))
