@@ -7,12 +7,14 @@ table of a TOML config file; see hsd_cli/settings.py for the precedence.
 from __future__ import annotations
 
 import json as json_lib
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hsd_cli import __version__
@@ -55,6 +57,18 @@ def _env(name: str) -> str:
     return f"HSD_{name.upper()}"
 
 
+def _model_directory_problem(model: str) -> str | None:
+    """Why `--model` names no usable local directory, when it is one or looks like a path (absolute,
+    starting with '.' or '~', or more separators than a hub id's `namespace/name`); else None."""
+    path = Path(model)
+    separators = sum(model.count(sep) for sep in (os.sep, os.altsep) if sep)
+    if path.is_dir():
+        return None if (path / "config.json").is_file() else f"--model {model}: directory has no config.json"
+    if path.is_absolute() or model.startswith((".", "~")) or separators > 1:
+        return f"--model {model}: {'not a directory' if path.exists() else 'no such directory'}"
+    return None
+
+
 @app.command()
 def convert(
     inputs: Annotated[
@@ -66,7 +80,7 @@ def convert(
     config: Annotated[
         str | None,
         typer.Option(
-            is_eager=True, callback=load_config_callback, help="TOML config file ([convert] table; below env and flags)."
+            is_eager=True, callback=load_config_callback, help="TOML config file (\\[convert] table; below env and flags)."
         ),
     ] = None,
     files_from: Annotated[
@@ -177,7 +191,7 @@ def convert(
             page_markers=page_markers,
             password=password,
             stages=stages,
-            model=model,
+            model=os.path.expanduser(model) if model else None,
             device=device,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
@@ -209,6 +223,9 @@ def convert(
         raise usage("no inputs", "give files, directories or globs, or --files-from FILE")
     options = vlm_options(convert_config)
     if options is not None:
+        if problem := _model_directory_problem(options.model):
+            reporter.error(problem, "give a local model directory, or a hub id that is in the HF cache")
+            raise typer.Exit(ExitCode.ENVIRONMENT)
         from hsd_cli.stages.vlm import ModelUnavailableError, preflight
 
         try:
@@ -286,6 +303,9 @@ def config_show(ctx: typer.Context) -> None:
 
     Takes the same options as `hsd convert` (e.g. `hsd config show --config my.toml --dpi 200`).
     """
+    if "--help" in ctx.args:  # --help is not an option here, so that convert's options pass through
+        typer.echo(ctx.get_help(), nl=False)
+        raise typer.Exit()
     command = typer.main.get_command(app).commands["convert"]
     try:
         with command.make_context("convert", list(ctx.args)) as convert_ctx:
@@ -293,7 +313,7 @@ def config_show(ctx: typer.Context) -> None:
     except Exception as exc:
         if not hasattr(exc, "format_message"):  # typer's (vendored click's) usage errors have it
             raise
-        Console(stderr=True).print(f"[red]error:[/red] {exc.format_message()}", highlight=False)
+        Console(stderr=True).print(f"[red]error:[/red] {escape(exc.format_message())}", highlight=False)
         raise typer.Exit(2) from None
     console = Console()
     if not console.is_terminal:

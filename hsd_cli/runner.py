@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -67,12 +68,12 @@ class Reporter:
     progress: Progress | None = field(default=None, init=False)
 
     def warn(self, message: str) -> None:
-        self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
+        self.console.print(f"[yellow]warning:[/yellow] {escape(message)}", highlight=False, soft_wrap=True)
 
     def error(self, message: str, hint: str | None = None) -> None:
-        self.console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        self.console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
         if hint:
-            self.console.print(f"  hint: {hint}", highlight=False, soft_wrap=True)
+            self.console.print(f"  hint: {escape(hint)}", highlight=False, soft_wrap=True)
 
     def start(self, total: int) -> None:
         if self.console.is_terminal and not self.quiet:
@@ -100,7 +101,7 @@ class Reporter:
         style = _STATUS_STYLE.get(outcome.status, "red")
         label = f"[{style}]{outcome.status.value:<9}[/{style}]"
         if outcome.error:
-            self.console.print(f"{label} {outcome.input}: {outcome.error}", highlight=False, soft_wrap=True)
+            self.console.print(f"{label} {escape(outcome.input)}: {escape(outcome.error)}", highlight=False, soft_wrap=True)
             if self.debug and outcome.traceback:
                 self.console.print(outcome.traceback, highlight=False, markup=False)
         elif not self.quiet:
@@ -110,7 +111,7 @@ class Reporter:
                 speedup = outcome.decoding["speedup"]
                 unit = "x" if speedup["kind"] == "measured" else "x est."
                 detail += f", tau {outcome.decoding['tau']:.2f}, speedup {speedup['value']:.2f}{unit}"
-            self.console.print(f"{label} {outcome.input} ({detail})", highlight=False, soft_wrap=True)
+            self.console.print(f"{label} {escape(outcome.input)} ({escape(detail)})", highlight=False, soft_wrap=True)
         for warning in outcome.warnings:
             self.warn(f"{outcome.input}: {warning}")
 

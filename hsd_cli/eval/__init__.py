@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from hsd_cli.config import DraftBackendName, Stages
 from hsd_cli.eval.errors import EvalInputError, missing_dependency
@@ -44,7 +45,7 @@ def _run(scorer: Callable[[Console], dict[str, Any]], json_output: bool, show: C
     try:
         report = scorer(console)
     except EvalInputError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(USAGE_EXIT) from None
     show(console, report)
     if json_output:
@@ -107,7 +108,7 @@ def olmocr_bench_command(
         if math_render is MathRender.KATEX and not mode.katex:
             raise EvalInputError(f"--math-render katex: {mode.reason}")
         if math_render is MathRender.AUTO and not mode.katex:
-            console.print(f"[yellow]warning:[/yellow] math tests: {mode.reason}", highlight=False, soft_wrap=True)
+            console.print(f"[yellow]warning:[/yellow] math tests: {escape(mode.reason)}", highlight=False, soft_wrap=True)
         report = bench.score(config, mode)
         return report | {"convert": conversion}
 
