@@ -122,16 +122,16 @@ def add_run(result: ArmResult, run: Run) -> None:
 
 def keyed_sampler(sampling, prompt_length: int):
     """Plain sampling inside `generate` with our keyed draws: a logits processor that samples
-    output position t with the (seed, t) generator and leaves only that token possible."""
+    output position t of row r with the (seed, r, t) generator and leaves only that token possible."""
     import torch
     from transformers import LogitsProcessor
 
-    from hsd_cli.decoding.verify import keyed_gumbel, processed_probs, sample_tokens
+    from hsd_cli.decoding.verify import keyed_sample
 
     class KeyedSampler(LogitsProcessor):
         def __call__(self, input_ids, scores):
             position = input_ids.shape[1] - prompt_length
-            chosen = sample_tokens(processed_probs(scores, sampling), keyed_gumbel(sampling.seed, position, scores.shape[-1]))
+            chosen = torch.tensor([keyed_sample(row_scores, sampling, row, position) for row, row_scores in enumerate(scores)])
             return torch.full_like(scores, float("-inf")).scatter(1, chosen[:, None].to(scores.device), 0.0)
 
     return KeyedSampler()

@@ -17,7 +17,7 @@ import torch
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
 from .stats import DecodeStats
 from .tree import TreeBatch, batch_trees
-from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, accept_paths, pick_tokens
+from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, first_tokens, verify_trees
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,9 @@ def _prefill(target: Target, sequences: list[_Sequence], config: DecodeConfig, s
     start = perf_counter()
     inputs = target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences])
     state, logits = target.prefill(inputs)
-    first = pick_tokens(logits[:, None, :], torch.zeros(len(sequences), 1, dtype=torch.long), [0] * len(sequences), config.sampling)
+    first = first_tokens(logits, state.rows, config.sampling)
     elapsed = perf_counter() - start
-    for sequence, token in zip(sequences, first[:, 0].tolist()):
+    for sequence, token in zip(sequences, first):
         sequence.emit([token], stop_ids, config)
         sequence.stats.forwards, sequence.stats.new_tokens, sequence.stats.prefill_s = 1, 1, elapsed
     return state
@@ -144,7 +144,9 @@ def _propose(active: list[_Sequence]) -> TreeBatch:
     return batch_trees([s.request.proposer.propose(s.tokens) for s in active])
 
 
-def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
+def _verify(
+    active: list[_Sequence], rows: list[int], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig
+) -> list[StepOutcome]:
     if sampling.near_lossless_tau is not None and sampling.greedy:
         return [
             accept_path_near_lossless(
@@ -157,8 +159,7 @@ def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sam
             )
             for row, sequence in enumerate(active)
         ]
-    picked = pick_tokens(logits, trees.depths, [len(s.tokens) for s in active], sampling)
-    return accept_paths(trees, picked)
+    return verify_trees(trees, logits, rows, [len(s.tokens) for s in active], sampling)
 
 
 def _step(target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
@@ -166,7 +167,7 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
     trees = _propose(active)
     proposed_at = perf_counter()
     logits = target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)
-    outcomes = _verify(active, trees, logits, config.sampling)
+    outcomes = _verify(active, state.rows, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])
     for row, (sequence, outcome) in enumerate(zip(active, outcomes)):
         path_tokens = trees.tokens[row, outcome.path[1:]].tolist()

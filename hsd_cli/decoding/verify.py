@@ -3,8 +3,10 @@
 Greedy and sampling share one rule: pick the target's token at every node (argmax, or a draw
 from the processed distribution), then accept the longest root path whose every node carries
 the token picked at its parent. The token picked at the last accepted node is the bonus.
-Sampling draws for output position t come from a generator keyed by (seed, t) (Gumbel-max),
-so speculative sampling emits exactly the tokens plain sampling with the same seed emits.
+Sampling draws for output position t of batch row r come from a generator keyed by (seed, r, t)
+(Gumbel-max), so speculative sampling emits exactly the tokens plain sampling with the same seed
+emits. Sampling draws only at the nodes the walk reaches, so a step costs a few vocabulary-sized
+vectors, not one per tree node.
 """
 
 from __future__ import annotations
@@ -58,10 +60,12 @@ def processed_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     return scores.softmax(-1)
 
 
-def keyed_gumbel(seed: int, position: int, vocab_size: int) -> torch.Tensor:
-    """The Gumbel noise for output position `position`: the same wherever it is computed."""
-    generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + position)
-    uniform = torch.rand(vocab_size, generator=generator, dtype=torch.float64).clamp_(min=1e-300)
+def keyed_gumbel(seed: int, row: int, position: int, vocab_size: int) -> torch.Tensor:
+    """The fp32 Gumbel noise for output position `position` of batch row `row`: the same wherever
+    it is computed, and independent between rows."""
+    key = ((seed * 1_000_003 + row) * 1_000_003 + position) % (1 << 63)
+    generator = torch.Generator(device="cpu").manual_seed(key)
+    uniform = torch.rand(vocab_size, generator=generator).clamp_(min=torch.finfo(torch.float32).tiny)
     return -torch.log(-torch.log(uniform))
 
 
@@ -69,25 +73,51 @@ def sample_tokens(probs: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
     """Gumbel-max draws: argmax(log p + g) over (..., V). Unlike an inverse-CDF draw, a logit
     perturbation of 1e-7 (tree vs incremental forward) flips the choice only when the two best
     perturbed scores tie to that precision, not whenever a CDF boundary is near."""
-    return (probs.double().log() + gumbel).argmax(-1)
+    return (probs.float().log() + gumbel).argmax(-1)
 
 
-def pick_tokens(logits: torch.Tensor, depths: torch.Tensor, emitted: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
-    """The target's token at every node: (B, K, V) logits -> (B, K).
+def keyed_sample(logits: torch.Tensor, sampling: SamplingConfig, row: int, position: int) -> int:
+    """Plain sampling of output position `position` of batch row `row` from (V,) logits."""
+    probs = processed_probs(logits.float().cpu(), sampling)
+    return int(sample_tokens(probs, keyed_gumbel(sampling.seed, row, position, probs.shape[-1])))
 
-    The node at depth d of row b picks output position emitted[b] + d (the root is the last
-    emitted token, at position emitted[b] - 1).
+
+def first_tokens(logits: torch.Tensor, rows: Sequence[int], sampling: SamplingConfig) -> list[int]:
+    """The first output token of every row from the prefill's (B, V) logits."""
+    if sampling.greedy:
+        return logits.argmax(-1).tolist()
+    return [keyed_sample(logits[b], sampling, row, 0) for b, row in enumerate(rows)]
+
+
+def verify_trees(
+    trees: TreeBatch, logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[int], sampling: SamplingConfig
+) -> list[StepOutcome]:
+    """Accepted path and bonus of every row from the (B, K, V) logits of its tree.
+
+    The root of batch row b is its output token emitted[b] - 1, so a node at depth d picks output
+    position emitted[b] + d; `rows` are the rows' keys for sampling.
     """
     if sampling.greedy:
-        return logits.argmax(-1).cpu()
-    probs = processed_probs(logits, sampling).cpu()
-    vocab_size = probs.shape[-1]
-    noise = torch.empty(probs.shape, dtype=torch.float64)
-    for row, row_depths in enumerate(depths.tolist()):
-        draws = {d: keyed_gumbel(sampling.seed, emitted[row] + d, vocab_size) for d in set(row_depths)}
-        for node, depth in enumerate(row_depths):
-            noise[row, node] = draws[depth]
-    return sample_tokens(probs, noise)
+        return accept_paths(trees, logits.argmax(-1).cpu())
+    return [
+        sample_and_match(trees.tokens[b].tolist(), trees.parents[b].tolist(), logits[b], sampling, row, emitted[b])
+        for b, row in enumerate(rows)
+    ]
+
+
+def sample_and_match(
+    tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor, sampling: SamplingConfig, row: int, emitted: int
+) -> StepOutcome:
+    """Walk from the root: draw the target's token at the node; descend to the child carrying it,
+    else it is the bonus. Only the nodes walked are drawn (padding nodes have no parent)."""
+    child = {(parent, token): node for node, (parent, token) in enumerate(zip(parents, tokens)) if parent >= 0}
+    path = [0]
+    while True:
+        token = keyed_sample(logits[path[-1]], sampling, row, emitted + len(path) - 1)
+        node = child.get((path[-1], token))
+        if node is None:
+            return StepOutcome(path, token)
+        path.append(node)
 
 
 def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> list[StepOutcome]:

@@ -11,7 +11,7 @@ from hsd_cli.decoding.hf_adapter import HFTarget
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig
 from hsd_cli.decoding.tree import TokenTree, batch_trees
-from hsd_cli.decoding.verify import SamplingConfig, keyed_gumbel, processed_probs, sample_tokens
+from hsd_cli.decoding.verify import SamplingConfig, keyed_sample
 
 PROMPT = "Transcribe the text."
 LENGTH = 128
@@ -219,8 +219,7 @@ class KeyedSampler(LogitsProcessor):
 
     def __call__(self, input_ids, scores):
         position = input_ids.shape[1] - self.prompt_length
-        probs = processed_probs(scores, self.sampling)
-        chosen = sample_tokens(probs, keyed_gumbel(self.sampling.seed, position, scores.shape[-1]))
+        chosen = torch.tensor([keyed_sample(row_scores, self.sampling, row, position) for row, row_scores in enumerate(scores)])
         return torch.full_like(scores, float("-inf")).scatter(1, chosen[:, None], 0.0)
 
 

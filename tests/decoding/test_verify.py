@@ -5,10 +5,12 @@ from hsd_cli.decoding.verify import (
     SamplingConfig,
     accept_path_near_lossless,
     accept_paths,
+    first_tokens,
     keyed_gumbel,
-    pick_tokens,
+    keyed_sample,
     processed_probs,
     sample_tokens,
+    verify_trees,
 )
 
 #        0 (root 10)
@@ -55,29 +57,40 @@ def test_top_k_and_top_p_processing():
     assert (top_p_more[0, :3] > 0).all() and top_p_more[0, 3] == 0
 
 
-def test_keyed_draws_depend_only_on_seed_and_position():
-    assert torch.equal(keyed_gumbel(3, 17, 50), keyed_gumbel(3, 17, 50))
-    assert not torch.equal(keyed_gumbel(3, 17, 50), keyed_gumbel(3, 18, 50))
-    assert not torch.equal(keyed_gumbel(3, 17, 50), keyed_gumbel(4, 17, 50))
+def test_keyed_draws_depend_only_on_seed_row_and_position():
+    assert torch.equal(keyed_gumbel(3, 0, 17, 50), keyed_gumbel(3, 0, 17, 50))
+    assert keyed_gumbel(3, 0, 17, 50).dtype == torch.float32
+    assert not torch.equal(keyed_gumbel(3, 0, 17, 50), keyed_gumbel(3, 0, 18, 50))
+    assert not torch.equal(keyed_gumbel(3, 0, 17, 50), keyed_gumbel(4, 0, 17, 50))
+    assert not torch.equal(keyed_gumbel(3, 0, 17, 50), keyed_gumbel(3, 1, 17, 50))  # rows draw independently
 
 
 def test_gumbel_max_draws_follow_the_distribution():
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    draws = torch.stack([sample_tokens(probs, keyed_gumbel(0, t, 4)) for t in range(4000)])
+    draws = torch.stack([sample_tokens(probs, keyed_gumbel(0, 0, t, 4)) for t in range(4000)])
     frequencies = torch.bincount(draws, minlength=4).double() / len(draws)
     assert (frequencies - probs.double()).abs().max() < 0.03
     masked = torch.tensor([0.0, 0.5, 0.5, 0.0])
-    assert all(sample_tokens(masked, keyed_gumbel(0, t, 4)).item() in (1, 2) for t in range(200))
+    assert all(sample_tokens(masked, keyed_gumbel(0, 0, t, 4)).item() in (1, 2) for t in range(200))
 
 
-def test_pick_tokens_uses_the_output_position_of_each_node():
+def test_sampling_walk_draws_each_node_at_its_row_and_output_position():
     sampling = SamplingConfig(temperature=1.0, seed=5)
-    logits = torch.randn(1, 3, 50, generator=torch.Generator().manual_seed(0))
-    depths = torch.tensor([[0, 1, 1]])
-    picked = pick_tokens(logits, depths, [7], sampling)
-    for node, depth in enumerate([0, 1, 1]):
-        expected = sample_tokens(processed_probs(logits[0, node], sampling), keyed_gumbel(5, 7 + depth, 50))
-        assert picked[0, node].item() == expected.item()
+    # Logits that make the draw at the root token 12 in row 1 and 11 in row 0, and after that any token.
+    logits = torch.randn(2, len(TREE), 50, generator=torch.Generator().manual_seed(0))
+    logits[0, 0, 11] = logits[1, 0, 12] = 50.0
+    trees = batch_trees([TREE, TREE])
+    rows, emitted = [3, 6], [7, 9]
+    for b, outcome in enumerate(verify_trees(trees, logits, rows, emitted, sampling)):
+        assert outcome.path[:2] == [0, 1 + b]
+        for depth, node in enumerate(outcome.path):
+            drawn = keyed_sample(logits[b, node], sampling, rows[b], emitted[b] + depth)
+            child = [c for c, p in enumerate(TREE.parents) if p == node and TREE.tokens[c] == drawn]
+            assert child == outcome.path[depth + 1 : depth + 2]
+        assert outcome.bonus == keyed_sample(logits[b, outcome.path[-1]], sampling, rows[b], emitted[b] + outcome.accepted)
+    prefill = logits[:, 0]
+    assert first_tokens(prefill, [3, 6], sampling) == [11, 12]
+    assert first_tokens(prefill, [0, 1], SamplingConfig()) == prefill.argmax(-1).tolist()
 
 
 def near_lossless_logits(second_share: float) -> torch.Tensor:
