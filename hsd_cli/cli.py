@@ -265,18 +265,34 @@ def models(
     """List the model families hsd has settings for, their known models and whether each is present."""
     import os
 
-    from hsd_cli.models.settings import CONFIG_DIR, all_settings, locate_model
+    from hsd_cli.models.settings import (
+        PACKAGED_DIR,
+        ModelSettingsError,
+        locate_model,
+        read_settings,
+        settings_files,
+        user_dir,
+    )
+    from hsd_cli.runner import ExitCode, Reporter
 
-    families = [
-        {
-            "family": settings.family,
-            "description": settings.description,
-            "models": [{"id": model_id, "path": locate_model(model_id)} for model_id in settings.known_ids],
-        }
-        for settings in all_settings()
-    ]
+    families = []
+    try:
+        for source in settings_files().values():
+            settings = read_settings(source)
+            families.append({
+                "family": settings.family,
+                "description": settings.description,
+                "settings": str(source.path),
+                "settings_from": "user" if source.user else "packaged",
+                "models": [{"id": model_id, "path": locate_model(model_id)} for model_id in settings.known_ids],
+            })
+    except ModelSettingsError as exc:
+        hint = f"fix or remove it; the packaged files in {PACKAGED_DIR} show every key"
+        Reporter(Console(stderr=True)).error(str(exc), hint)
+        raise typer.Exit(ExitCode.USAGE) from None
     where = {
-        "settings": str(CONFIG_DIR),
+        "packaged_settings": str(PACKAGED_DIR),
+        "user_settings": str(user_dir()),
         "hf_home": os.environ.get("HF_HOME", "~/.cache/huggingface"),
         "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0"),
     }
@@ -284,15 +300,19 @@ def models(
         sys.stdout.write(json_lib.dumps({"families": families, "looked_in": where}) + "\n")
         return
     table = Table(title="VLM families (local directories work for any of them: --model DIR)", title_justify="left")
-    for column in ("family", "model", "present"):
+    for column in ("family", "settings", "model", "present"):
         table.add_column(column)
     for family in families:
         rows = family["models"] or [{"id": "(any local directory)", "path": None}]
         for row in rows:
-            table.add_row(family["family"], row["id"], row["path"] or "no")
+            table.add_row(family["family"], family["settings_from"], row["id"], row["path"] or "no")
     console = Console()
     console.print(table)
-    console.print(f"settings from {where['settings']}; HF cache under {where['hf_home']}", highlight=False)
+    console.print(
+        f"settings packaged in {where['packaged_settings']}; user settings in {where['user_settings']}"
+        f" (a file there replaces the packaged one of the same name). HF cache under {where['hf_home']}",
+        highlight=False,
+    )
 
 
 @config_app.command(

@@ -1,13 +1,28 @@
-"""Per-family VLM settings from configs/models/<family>.toml (default.toml for the rest)."""
+"""Per-family VLM settings: one `<model_type>.toml` per family, `default.toml` for the rest.
+
+The files ship inside the package (`hsd_cli/configs/models/`), read through importlib.resources
+so that wheel and editable installs find them alike. A file in the user's directory
+(`$XDG_CONFIG_HOME/hsd/models/`, default `~/.config/hsd/models/`) replaces the packaged file of
+the same name whole, or adds a family.
+"""
 
 from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+PACKAGED_DIR: Traversable = files("hsd_cli") / "configs" / "models"
+DRAFT_MATCHES = ("chars", "tokens")
+# TOML value types for the field annotations below (strings: annotations are postponed).
+TOML_TYPES = {"str": str, "int": int, "tuple[str, ...]": list}
+
+
+class ModelSettingsError(ValueError):
+    """A settings file that cannot be used; the message names the file and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -16,29 +31,73 @@ class ModelSettings:
     description: str
     page_prompt: str
     region_prompt: str
-    draft_match: str  # "chars" or "tokens"
+    draft_match: str  # one of DRAFT_MATCHES
     region_padding_px: int
     max_new_tokens: int
     known_ids: tuple[str, ...] = ()
 
 
-def _read(path: Path) -> ModelSettings:
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    known = {f.name for f in fields(ModelSettings)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"unknown key(s) {sorted(unknown)} in {path}")
-    data["known_ids"] = tuple(data.get("known_ids", ()))
-    return ModelSettings(**data)
+@dataclass(frozen=True)
+class SettingsFile:
+    path: Traversable
+    user: bool  # from the user's directory rather than the package
+
+
+def user_dir() -> Path:
+    """The user's settings directory, under the same config home as the user's config.toml."""
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return config_home / "hsd" / "models"
+
+
+def settings_files() -> dict[str, SettingsFile]:
+    """Each family's settings file by family name (the file name), sorted; user files win."""
+    packaged = {
+        entry.name.removesuffix(".toml"): SettingsFile(entry, user=False)
+        for entry in PACKAGED_DIR.iterdir()
+        if entry.name.endswith(".toml")
+    }
+    users = {path.stem: SettingsFile(path, user=True) for path in user_dir().glob("*.toml")}
+    return dict(sorted((packaged | users).items()))
+
+
+def problems_in(data: dict, family: str) -> list[str]:
+    """What is wrong with one family's settings table, in words for the user."""
+    known = {field.name: field for field in fields(ModelSettings)}
+    problems = []
+    if unknown := sorted(set(data) - set(known)):
+        problems.append(f"unknown key(s) {', '.join(unknown)}")
+    if missing := [name for name, field in known.items() if name not in data and field.default is MISSING]:
+        problems.append(f"missing key(s) {', '.join(missing)}")
+    for name, value in data.items():
+        if name in known and type(value) is not TOML_TYPES[known[name].type]:
+            problems.append(f"{name} must be a TOML {TOML_TYPES[known[name].type].__name__}")
+    if data.get("draft_match", DRAFT_MATCHES[0]) not in DRAFT_MATCHES:
+        problems.append(f"draft_match must be one of {', '.join(DRAFT_MATCHES)}")
+    if data.get("family", family) != family:
+        problems.append(f"family must be {family!r}, the file's name")
+    return problems
+
+
+def read_settings(source: SettingsFile) -> ModelSettings:
+    path = source.path
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelSettingsError(f"cannot read model settings {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ModelSettingsError(f"bad TOML in model settings {path}: {exc}") from None
+    if problems := problems_in(data, path.name.removesuffix(".toml")):
+        raise ModelSettingsError(f"model settings {path}: {'; '.join(problems)}")
+    return ModelSettings(**{**data, "known_ids": tuple(data.get("known_ids", ()))})
 
 
 def all_settings() -> list[ModelSettings]:
-    return [_read(path) for path in sorted(CONFIG_DIR.glob("*.toml"))]
+    return [read_settings(source) for source in settings_files().values()]
 
 
 def settings_for(model_type: str) -> ModelSettings:
-    path = CONFIG_DIR / f"{model_type}.toml"
-    return _read(path if path.is_file() else CONFIG_DIR / "default.toml")
+    sources = settings_files()
+    return read_settings(sources.get(model_type) or sources["default"])
 
 
 def model_type_of(model: str) -> str:
