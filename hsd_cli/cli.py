@@ -231,7 +231,7 @@ def convert(
         try:
             family = preflight(options)
         except ModelUnavailableError as exc:
-            reporter.error(str(exc), "give a local model directory, or a hub id that is in the HF cache")
+            reporter.error(str(exc), exc.hint)
             raise typer.Exit(ExitCode.ENVIRONMENT) from None
         if not quiet:
             console.print(f"VLM: {model} ({family}), stages {stages.value}", highlight=False)

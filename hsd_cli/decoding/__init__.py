@@ -8,7 +8,7 @@ Knows nothing about PDFs or OCR. Typical use:
     results = decode_many(target, [(crop, prompt, [draft]), ...], batch_size=8)
 """
 
-from .hf_adapter import HFTarget, load_target
+from .hf_adapter import HFTarget, UnsupportedTransformersError, check_cache_layout, load_target
 from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, decode_many, make_proposer
 from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
 from .stats import DecodeStats
@@ -25,6 +25,8 @@ __all__ = [
     "ProposerConfig",
     "SamplingConfig",
     "TextDraftProposer",
+    "UnsupportedTransformersError",
+    "check_cache_layout",
     "decode",
     "decode_batch",
     "decode_many",

@@ -9,7 +9,7 @@ chat prompts, stop tokens) live in small `FamilyAdapter` classes.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -298,8 +298,10 @@ class HFTarget:
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.adapter = adapter
+        self.model_type: str = model.config.model_type
         self.device = model.device
         self.dtype = model.dtype
+        check_cache_layout(model.config)
         self.stop_token_ids = adapter.stop_token_ids(model, self.tokenizer)
         self.vision_token_ids = adapter.vision_token_ids(model.config)
 
@@ -346,20 +348,15 @@ class HFTarget:
         tokens: torch.Tensor,
         depths: torch.Tensor,
         ancestors: torch.Tensor,
-        *,
-        rope_delta_error: int = 0,
-        causal_mask: bool = False,
     ) -> torch.Tensor:
         """One forward over a padded batch of trees.
 
         tokens, depths: (B, K) long; ancestors: (B, K, K) bool, node i sees node j iff
-        ancestors[b, i, j]. Returns fp32 logits (B, K, V). `rope_delta_error` and `causal_mask`
-        exist only so tests can prove that wrong positions or masks are detected.
+        ancestors[b, i, j]. Returns fp32 logits (B, K, V).
         """
-        batch, width = tokens.shape
-        positions = state.past_len[:, None] + depths + state.rope_delta[:, None] + rope_delta_error
-        tree_visible = torch.tril(torch.ones(width, width, dtype=torch.bool)).expand(batch, -1, -1) if causal_mask else ancestors
-        visible = torch.cat([state.slot_valid[:, None, :].expand(-1, width, -1).cpu(), tree_visible], dim=-1)
+        width = tokens.shape[1]
+        positions = self._tree_positions(state, depths)
+        visible = torch.cat([state.slot_valid[:, None, :].expand(-1, width, -1).cpu(), self._tree_visibility(ancestors)], dim=-1)
         # Float additive mask in the model dtype: boolean 4-D masks are silently wrong with eager.
         mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
         out = self.model(
@@ -370,6 +367,17 @@ class HFTarget:
             use_cache=True,
         )
         return out.logits.float()
+
+    # The tree's positions and mask, each in one method so that a test can subclass a wrong one
+    # and check that the exactness tests notice.
+
+    def _tree_positions(self, state: BatchState, depths: torch.Tensor) -> torch.Tensor:
+        """(B, K) text positions of the tree nodes: after the row's real tokens, by depth."""
+        return state.past_len[:, None] + depths + state.rope_delta[:, None]
+
+    def _tree_visibility(self, ancestors: torch.Tensor) -> torch.Tensor:
+        """(B, K, K) bool, which tree nodes each node attends to: its ancestors and itself."""
+        return ancestors
 
     def commit(self, state: BatchState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None:
         """Keep, per row, the cache entries of `kept_nodes` (tree node indices) and drop the rest.
@@ -382,9 +390,7 @@ class HFTarget:
         kept_count = torch.tensor([len(nodes) for nodes in kept_nodes])
         longest = int(kept_count.max())
         if all(list(nodes) == list(range(len(nodes))) for nodes in kept_nodes):
-            for layer in state.cache.layers:
-                layer.keys = layer.keys[:, :, : old_len + longest]
-                layer.values = layer.values[:, :, : old_len + longest]
+            _edit_cache(state, lambda slots: slots[:, :, : old_len + longest])
         else:
             index = torch.tensor([list(nodes) + [0] * (longest - len(nodes)) for nodes in kept_nodes])
             self._gather_new_slots(state, old_len, index)
@@ -397,10 +403,7 @@ class HFTarget:
     def _gather_new_slots(self, state: BatchState, old_len: int, index: torch.Tensor) -> None:
         """Keep the first `old_len` slots and, after them, the new slots at `index` (B, M)."""
         device_index = index.to(self.device)
-        for layer in state.cache.layers:
-            gather = device_index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = torch.cat([layer.keys[:, :, :old_len], layer.keys[:, :, old_len:].gather(2, gather)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :old_len], layer.values[:, :, old_len:].gather(2, gather)], dim=2)
+        _edit_cache(state, lambda slots: torch.cat([slots[:, :, :old_len], _gather_slots(slots[:, :, old_len:], device_index)], dim=2))
 
     def _compact(self, state: BatchState) -> None:
         """Squeeze out padding slots: every row's real slots move to the right end, in order."""
@@ -409,29 +412,89 @@ class HFTarget:
         # A stable sort puts padding first and real slots in their original order last.
         order = torch.sort(valid.to(torch.int8), dim=-1, stable=True).indices[:, -new_len:]
         device_order = order.to(self.device)
-        for layer in state.cache.layers:
-            gather = device_order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = layer.keys.gather(2, gather)
-            layer.values = layer.values.gather(2, gather)
+        _edit_cache(state, lambda slots: _gather_slots(slots, device_order))
         state.slot_valid = torch.gather(valid, 1, order)
 
     def keep_rows(self, state: BatchState, keep: Sequence[int]) -> None:
         """Drop finished rows from the batch (positions in the current batch to keep)."""
         index = torch.tensor(list(keep), dtype=torch.long)
         device_index = index.to(self.device)
-        for layer in state.cache.layers:
-            layer.keys = layer.keys.index_select(0, device_index)
-            layer.values = layer.values.index_select(0, device_index)
         valid = state.slot_valid[index]
         trim = int((~valid).all(0).long().cumprod(0).sum())  # leading all-padding columns
-        if trim:
-            for layer in state.cache.layers:
-                layer.keys = layer.keys[:, :, trim:]
-                layer.values = layer.values[:, :, trim:]
+        _edit_cache(state, lambda slots: slots.index_select(0, device_index)[:, :, trim:])
         state.slot_valid = valid[:, trim:]
         state.past_len = state.past_len[index]
         state.rope_delta = state.rope_delta[index]
         state.rows = [state.rows[i] for i in keep]
+
+
+def _gather_slots(slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Per row b, the slots index[b] (B, M) of a (B, heads, slots, head_dim) cache tensor."""
+    return slots.gather(2, index[:, None, :, None].expand(-1, slots.shape[1], -1, slots.shape[-1]))
+
+
+def _edit_cache(state: BatchState, edit: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Replace every layer's keys and values (B, heads, slots, head_dim) with `edit` of them."""
+    for layer in state.cache.layers:
+        layer.keys = edit(layer.keys)
+        layer.values = edit(layer.values)
+
+
+# ----------------------------------------------------------------------------------------------
+# The transformers versions this module knows
+
+# This module edits DynamicCache's per-layer tensors directly (above), which transformers does not
+# promise to keep stable: it is tested with these versions only.
+SUPPORTED_TRANSFORMERS = ">=5.23,<5.24"
+
+
+class UnsupportedTransformersError(RuntimeError):
+    """The installed transformers keeps its KV cache in a layout this module does not know."""
+
+
+def cache_layout_problem(config=None) -> str | None:
+    """How the installed transformers' KV cache differs from the layout this module edits, or
+    None: a DynamicCache (made for `config` if given) of plain DynamicLayer objects whose `keys`
+    and `values` tensors (batch, heads, slots, head_dim) grow along dim 2, and whose length is
+    read back from those tensors after they are edited."""
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError as exc:
+        return f"transformers.cache_utils has no DynamicCache or DynamicLayer ({exc})"
+    cache = DynamicCache()
+    first, second = torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 1, 4)
+    for step in (first, second):
+        cache.update(step, step, 0)
+    layers = getattr(cache, "layers", None)
+    if not layers or type(layers[0]) is not DynamicLayer:
+        return "DynamicCache does not keep its entries in a list of DynamicLayer objects (`.layers`)"
+    layer = layers[0]
+    expected = torch.cat([first, second], dim=2)
+    for name in ("keys", "values"):
+        held = getattr(layer, name, None)
+        if not torch.is_tensor(held) or held.shape != expected.shape or not torch.equal(held, expected):
+            return f"DynamicLayer.{name} is not the (batch, heads, slots, head_dim) tensor of the entries so far"
+    layer.keys, layer.values = layer.keys[:, :, :2], layer.values[:, :, :2]
+    if cache.get_seq_length() != 2:
+        return "DynamicCache does not read its length from the layers' key tensors"
+    if config is not None:
+        kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers})
+        if kinds != [DynamicLayer.__name__]:
+            return f"the model's cache layers are {kinds}, not plain {DynamicLayer.__name__}s (sliding-window attention is not supported)"
+    return None
+
+
+def check_cache_layout(config=None) -> None:
+    """Raise UnsupportedTransformersError (one line, naming the supported versions) if the
+    installed transformers' cache layout is not the known one."""
+    import transformers
+
+    problem = cache_layout_problem(config)
+    if problem is not None:
+        raise UnsupportedTransformersError(
+            f"hsd's decoder does not know the KV cache of the installed transformers {transformers.__version__}: "
+            f"{problem}; it is tested with transformers{SUPPORTED_TRANSFORMERS} (pip install 'transformers{SUPPORTED_TRANSFORMERS}')"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -449,6 +512,7 @@ def load_target(
     """Load a model by hub id or local directory for speculative decoding."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
+    check_cache_layout()  # before loading any weights
     device = device or default_device()
     dtype = dtype or default_dtype(device)
     config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)

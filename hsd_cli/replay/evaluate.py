@@ -25,7 +25,7 @@ def evaluate(model_dir: Path, dtype: str | None = None, device: str = "cpu") -> 
     """{"pages", "crops", "page_char_accuracy", "crop_char_accuracy", "exact_pages",
     "seconds_per_page"}; accuracies are means over examples."""
     target = load_target(str(model_dir), device=device, dtype=dtype)
-    settings = settings_for(target.model.config.model_type)
+    settings = settings_for(target.model_type)
     data_dir = model_dir / DATA_DIR
     examples = load_examples(data_dir)
     pages = [e for e in examples if e.kind == "page"]

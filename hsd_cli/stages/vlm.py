@@ -13,7 +13,16 @@ from functools import cache
 from typing import Any
 
 
-from hsd_cli.decoding import DecodeConfig, DecodeResult, DecodeStats, decode, decode_many, load_target
+from hsd_cli.decoding import (
+    DecodeConfig,
+    DecodeResult,
+    DecodeStats,
+    UnsupportedTransformersError,
+    check_cache_layout,
+    decode,
+    decode_many,
+    load_target,
+)
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.records import Block, BlockKind, PageImage
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
@@ -49,19 +58,29 @@ class VlmPageOutput:
 
 
 class ModelUnavailableError(RuntimeError):
-    """The model or the device cannot be used; raised before any work (exit code 4)."""
+    """The model, the device or the installed transformers cannot be used; raised before any
+    work (exit code 4)."""
+
+    def __init__(self, message: str, hint: str | None = "give a local model directory, or a hub id that is in the HF cache"):
+        super().__init__(message)
+        self.hint = hint
 
 
 def preflight(options: VlmOptions) -> str:
-    """Check, without loading weights, that the model resolves and the device exists; returns
-    the model family (`model_type`)."""
+    """Check, without loading weights, that the model resolves, the device exists and the
+    installed transformers is one the decoder knows; returns the model family (`model_type`)."""
     import torch
+
+    try:
+        check_cache_layout()
+    except UnsupportedTransformersError as exc:
+        raise ModelUnavailableError(str(exc), hint=None) from None
 
     device = options.device or ""
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelUnavailableError(f"--device {device}: no CUDA device is available to this torch")
+        raise ModelUnavailableError(f"--device {device}: no CUDA device is available to this torch", hint=None)
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ModelUnavailableError("--device mps: MPS is not available")
+        raise ModelUnavailableError("--device mps: MPS is not available", hint=None)
     try:
         return model_type_of(options.model)
     except (OSError, ValueError) as exc:
@@ -93,7 +112,7 @@ class VlmStages:
         self.target = load_target(
             options.model, device=options.device, dtype=options.dtype, trust_remote_code=options.trust_remote_code
         )
-        self.settings: ModelSettings = settings_for(self.target.model.config.model_type)
+        self.settings: ModelSettings = settings_for(self.target.model_type)
         budget = options.max_new_tokens or self.settings.max_new_tokens
         self.decode_config = DecodeConfig(max_new_tokens=budget)
 

@@ -153,10 +153,10 @@ def test_batched_text_only_prompts_and_cache_compaction(tiny_target):
 BRANCHING = TokenTree((0, 101, 102, 103, 104, 105, 106), (-1, 0, 0, 1, 1, 2, 5))
 
 
-def tree_logits(target, image, tree, **errors):
+def tree_logits(target, image, tree):
     state, _ = target.prefill(target.inputs([image], [PROMPT]))
     trees = batch_trees([tree])
-    return target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, **errors)[0]
+    return target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)[0]
 
 
 def full_forward_logits(target, image, path_tokens):
@@ -195,14 +195,30 @@ def test_tree_forward_logits_equal_plain_forward(tiny_target, page_image, expect
     assert (logits - expected_node_logits).abs().max().item() < SAME_LOGITS
 
 
-@pytest.mark.parametrize("errors", [dict(rope_delta_error=1), dict(causal_mask=True)])
-def test_wrong_positions_or_mask_are_detected(tiny_target, page_image, expected_node_logits, errors):
-    logits = tree_logits(tiny_target, page_image, BRANCHING, **errors)
+class ShiftedPositionsTarget(HFTarget):
+    """Tree nodes one position too far, as a wrong rope delta puts them."""
+
+    def _tree_positions(self, state, depths):
+        return super()._tree_positions(state, depths) + 1
+
+
+class CausalMaskTarget(HFTarget):
+    """A plain causal mask over the tree nodes instead of each node's ancestors."""
+
+    def _tree_visibility(self, ancestors):
+        width = ancestors.shape[-1]
+        return torch.tril(torch.ones(width, width, dtype=torch.bool)).expand(ancestors.shape[0], -1, -1)
+
+
+@pytest.mark.parametrize("wrong_target", [ShiftedPositionsTarget, CausalMaskTarget])
+def test_wrong_positions_or_mask_are_detected(tiny_target, page_image, expected_node_logits, wrong_target):
+    target = wrong_target(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    logits = tree_logits(target, page_image, BRANCHING)
     assert (logits - expected_node_logits).abs().max().item() > 100 * SAME_LOGITS
 
 
 def test_rope_delta_is_not_zero_so_the_control_means_something(tiny_target, page_image):
-    if tiny_target.model.config.model_type in ("hunyuan_vl", "idefics3"):
+    if tiny_target.model_type in ("hunyuan_vl", "idefics3"):
         pytest.skip("text tokens keep their sequence positions in this family: the delta is 0 by design")
     state, _ = tiny_target.prefill(tiny_target.inputs([page_image], [PROMPT]))
     assert state.rope_delta.abs().sum() > 0

@@ -62,7 +62,7 @@ def test_build_writes_a_loadable_model_with_record_and_card(replay_model):
     assert record["build_seconds"] == round(record["training"]["seconds"] + record["other_seconds"], 1)
     assert f"Whole build: {record['build_seconds'] / 60:.1f} min" in card
     target = load_target(str(model_dir), device="cpu", dtype="float32")
-    assert target.model.config.model_type == "qwen2_5_vl"
+    assert target.model_type == "qwen2_5_vl"
     page = Image.open(model_dir / "replay_data" / "images" / "p000.png").convert("RGB")
     result = decode(target, page, "Transcribe.", [], )
     assert result.stop_reason in ("eos", "budget", "repetition") and isinstance(result.text, str)
