@@ -84,7 +84,8 @@ def convert(
         ),
     ] = None,
     files_from: Annotated[
-        str | None, typer.Option(envvar=_env("files_from"), help="Read input paths from FILE, or stdin with '-'.")
+        str | None,
+        typer.Option(envvar=_env("files_from"), help="Read input paths (literal, no globs) from FILE, or stdin with '-'."),
     ] = None,
     null: Annotated[
         bool, typer.Option("--null", "-0", envvar=_env("null"), help="--files-from entries are NUL-separated.")
@@ -213,13 +214,13 @@ def convert(
         raise usage("--draft-json needs --draft paddleocr")
     if events == "-" and json:
         raise usage("--events - and --json both want stdout", "write events to a file: --events run.ndjson")
-    all_inputs = list(inputs or [])
+    listed: list[str] = []
     if files_from is not None:
         try:
-            all_inputs += read_files_from(files_from, null)
+            listed = read_files_from(files_from, null)
         except OSError as exc:
             raise usage(f"cannot read --files-from {files_from}: {exc.strerror}") from None
-    if not all_inputs:
+    if not inputs and not listed:
         raise usage("no inputs", "give files, directories or globs, or --files-from FILE")
     options = vlm_options(convert_config)
     if options is not None:
@@ -241,7 +242,9 @@ def convert(
     except OSError as exc:
         raise usage(f"cannot write --events {events}: {exc.strerror}") from None
     try:
-        code, summary = run_convert(all_inputs, convert_config, run_config, reporter, EventLog(event_stream))
+        code, summary = run_convert(
+            list(inputs or []), convert_config, run_config, reporter, EventLog(event_stream), listed
+        )
     except OutputLockedError as exc:
         reporter.error(str(exc), "wait for it to finish, or use another -o")
         raise typer.Exit(ExitCode.ENVIRONMENT) from None

@@ -66,15 +66,24 @@ def _glob_root(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path(".")
 
 
-def discover(inputs: list[str], recursive: bool) -> tuple[list[InputDocument], list[str]]:
+@dataclass(frozen=True)
+class Discovery:
+    documents: list[InputDocument]  # sorted, de-duplicated
+    unmatched: list[str]  # directories and globs in which no document was found
+    missing: list[Path]  # paths the user named that do not exist: failed inputs, not warnings
+
+
+def discover(inputs: list[str], recursive: bool, listed: list[str] | None = None) -> Discovery:
     """Expand files, directories and globs into sorted, de-duplicated documents.
 
     Explicit files are always taken (a bad one becomes a status later). Inside directories and
     globs a file is taken when its content or its suffix says it is a document, so a stray
-    README is ignored but a broken `scan.pdf` is reported. Returns (documents, unmatched args).
+    README is ignored but a broken `scan.pdf` is reported. `listed` holds --files-from entries:
+    paths taken literally, never expanded as globs.
     """
     found: dict[Path, InputDocument] = {}
     unmatched: list[str] = []
+    missing: dict[Path, Path] = {}
 
     def add(path: Path, root: Path | None, explicit: bool) -> bool:
         """Take `path` if it is (or claims to be) a document; True when it is one."""
@@ -88,7 +97,8 @@ def discover(inputs: list[str], recursive: bool) -> tuple[list[InputDocument], l
         found[resolved] = InputDocument(path=path, relpath=relpath, kind=kind)
         return True
 
-    for arg in inputs:
+    named = [(arg, False) for arg in inputs] + [(entry, True) for entry in listed or []]
+    for arg, literal in named:
         path = Path(arg)
         if path.is_dir():
             taken = [add(child, path, explicit=False) for child in sorted(_walk(path, recursive))]
@@ -96,16 +106,18 @@ def discover(inputs: list[str], recursive: bool) -> tuple[list[InputDocument], l
                 unmatched.append(arg)
         elif path.is_file():
             add(path, None, explicit=True)
-        elif glob.has_magic(arg):
+        elif glob.has_magic(arg) and not literal:
             root = _glob_root(arg)
             matches = sorted(Path(m) for m in glob.glob(arg, recursive=True) if Path(m).is_file())
             taken = [add(match, root, explicit=False) for match in matches]
             if not any(taken):
                 unmatched.append(arg)
+        elif not path.exists():
+            missing.setdefault(path.absolute(), path)
         else:
-            unmatched.append(arg)
+            unmatched.append(arg)  # a device or socket: nothing to read as a document
     documents = sorted(found.values(), key=lambda d: (str(d.relpath), str(d.path)))
-    return documents, unmatched
+    return Discovery(documents, unmatched, sorted(missing.values(), key=str))
 
 
 def assign_outputs(documents: list[InputDocument], output_dir: Path) -> list[OutputPaths]:

@@ -28,7 +28,7 @@ class BlockKind(StrEnum):
 
 
 class DocStatus(StrEnum):
-    """Outcome of one document attempt, as written to the summary (and later the manifest)."""
+    """Outcome of one document attempt, as written to the summary and the manifest."""
 
     OK = "ok"
     DEGRADED = "degraded"
@@ -37,6 +37,7 @@ class DocStatus(StrEnum):
     CORRUPT = "corrupt"
     ENCRYPTED = "encrypted"
     SKIPPED = "skipped"
+    MISSING = "missing"  # a path the user named does not exist
 
     @property
     def is_failure(self) -> bool:

@@ -155,12 +155,12 @@ def in_shard(relpath: Path, shard: str | None) -> bool:
 
 
 def _manifest_record(
-    key: str, doc: InputDocument, outcome: DocumentOutcome, config: ConvertConfig, chash: str
+    key: str, path: Path, outcome: DocumentOutcome, config: ConvertConfig, chash: str
 ) -> dict[str, Any]:
     return {
         "key": key,
-        "input": str(doc.path),
-        "size": doc.path.stat().st_size if doc.path.exists() else None,
+        "input": str(path),
+        "size": path.stat().st_size if path.exists() else None,
         "sha256": outcome.sha256,
         "pages": outcome.pages,
         "page_count": outcome.page_count,
@@ -220,7 +220,7 @@ class BatchRun:
         outcome = self.pool.convert(
             task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload)
         )
-        manifest.append(_manifest_record(key, doc, outcome, self.config, self.config_hash))
+        manifest.append(_manifest_record(key, doc.path, outcome, self.config, self.config_hash))
         shutil.rmtree(checkpoints, ignore_errors=True)
         self.events.emit(
             "doc_failed" if outcome.status.is_failure else "doc_done",
@@ -231,13 +231,26 @@ class BatchRun:
         )
         return outcome
 
-    def execute(self, planned: list[tuple[InputDocument, OutputPaths]]) -> list[DocumentOutcome]:
+    def record_missing(self, path: Path, manifest: Manifest) -> DocumentOutcome:
+        """A named input that does not exist: a failure in the summary and the manifest, keyed by
+        its absolute path (output keys are relative, so the two never meet)."""
+        outcome = DocumentOutcome(input=str(path), status=DocStatus.MISSING, error="no such file or directory")
+        manifest.append(_manifest_record(str(path.absolute()), path, outcome, self.config, self.config_hash))
+        self.events.emit("doc_failed", input=str(path), status=outcome.status.value, error=outcome.error, pages=0)
+        return outcome
+
+    def execute(self, planned: list[tuple[InputDocument, OutputPaths]], missing: list[Path]) -> list[DocumentOutcome]:
+        """Missing inputs first, so a typo shows before a long batch; then the documents."""
         outcomes: list[DocumentOutcome] = []
         with OutputLock(self.config.output_dir):
             remove_stale_temp_files(self.config.output_dir)
             manifest = Manifest(self.config.output_dir)
-            self.reporter.start(len(planned))
+            self.reporter.start(len(missing) + len(planned))
             try:
+                for path in missing:
+                    outcome = self.record_missing(path, manifest)
+                    self.reporter.document(outcome)
+                    outcomes.append(outcome)
                 for doc, outputs in planned:
                     outcome = self.convert_one(doc, outputs, manifest)
                     self.reporter.document(outcome)
@@ -252,26 +265,37 @@ class BatchRun:
 
 
 def run_convert(
-    inputs: list[str], config: ConvertConfig, run: RunConfig, reporter: Reporter, events: EventLog | None = None
+    inputs: list[str],
+    config: ConvertConfig,
+    run: RunConfig,
+    reporter: Reporter,
+    events: EventLog | None = None,
+    listed: list[str] | None = None,
 ) -> tuple[ExitCode, dict[str, Any]]:
-    """Convert everything `inputs` names; the OutputLockedError of a busy OUT propagates."""
+    """Convert everything `inputs` (and the --files-from entries `listed`) name; the
+    OutputLockedError of a busy OUT propagates.
+
+    A named path that does not exist is a failed input (status missing, exit code 1), also when
+    nothing else is left to convert: exit code 3 means only that no directory or glob matched."""
     started = time.perf_counter()
     events = events or EventLog(None)
-    documents, unmatched = discover(inputs, config.recursive)
-    for arg in unmatched:
+    found = discover(inputs, config.recursive, listed)
+    for arg in found.unmatched:
         reporter.warn(f"no document matched {arg!r}")
-    if not documents:
+    if not found.documents and not found.missing:
         return ExitCode.NO_INPUT, _summary([], started, ExitCode.NO_INPUT, config)
+    # A missing file belongs to one shard, as it would if it existed.
+    missing = [path for path in found.missing if in_shard(Path(path.name), run.shard)]
     # Output names come from the whole input set, so every shard names a document alike.
     planned = [
         (doc, outputs)
-        for doc, outputs in zip(documents, assign_outputs(documents, config.output_dir), strict=True)
+        for doc, outputs in zip(found.documents, assign_outputs(found.documents, config.output_dir), strict=True)
         if in_shard(doc.relpath, run.shard)
     ]
     if config.model is None and not reporter.quiet:
         reporter.warn("no VLM configured: converting with the draft pipeline only (name one with --model ID|DIR)")
-    events.emit("run_started", documents=len(planned), output_dir=str(config.output_dir))
-    outcomes = BatchRun(config, run, reporter, events).execute(planned)
+    events.emit("run_started", documents=len(missing) + len(planned), output_dir=str(config.output_dir))
+    outcomes = BatchRun(config, run, reporter, events).execute(planned, missing)
     failed = any(outcome.status.is_failure for outcome in outcomes)
     code = ExitCode.SOME_FAILED if failed else ExitCode.OK
     summary = _summary(outcomes, started, code, config)

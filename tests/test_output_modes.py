@@ -51,7 +51,8 @@ def test_every_file_and_directory_of_a_run_gets_the_umask_mode(tmp_path, docs_di
     (source / "report.pdf").write_bytes((docs_dir / "report.pdf").read_bytes())
     out = tmp_path / "out"
     with umask(0o022):
-        result = run_hsd("convert", source, "-o", out, "--pages", "1", "--draft", "pdf-text", "--events", tmp_path / "events.ndjson")
+        events = tmp_path / "events.ndjson"
+        result = run_hsd("convert", source, "-o", out, "--pages", "1", "--draft", "pdf-text", "--events", events)
     assert result.exit_code == 0, result.stderr
     written = list(out.rglob("*"))
     files = [p for p in written if p.is_file()]
