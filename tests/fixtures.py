@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import html
 import io
 import random
 import string
@@ -112,6 +113,48 @@ def mismatched_text_layer_pdf(path: Path) -> Path:
     doc.update_stream(cmap, _rot13_to_unicode_cmap())
     for font_xref in {font[0] for page in doc for font in page.get_fonts()}:
         doc.xref_set_key(font_xref, "ToUnicode", f"{cmap} 0 R")
+    doc.save(path)
+    return path
+
+
+# A one-column page of a physics paper set in a ruled grid (a column of equation numbers beside
+# the paragraphs and display formulas), which table finders take for a table; below it a real
+# small table.
+RULED_TEXT_ROWS = (
+    "We consider a scalar field coupled to a heat bath at temperature T and ask how quickly the field "
+    "relaxes towards equilibrium when the coupling is weak.",
+    "The equation of motion for the field amplitude follows from the Lagrangian density, and after "
+    "averaging over the bath it takes the damped form",
+    "d2phi/dt2 + gamma dphi/dt + dV/dphi = xi(t)",
+    "where gamma is the damping rate set by the bath. For a harmonic potential the solution decays "
+    "exponentially, and the relaxation time is the inverse of the rate.",
+    "Comparing with the fluctuation dissipation relation we obtain the noise strength, which fixes the "
+    "amplitude of thermal fluctuations at late times.",
+    "<xi(t) xi(s)> = 2 gamma T delta(t - s)",
+    "These results agree with the numerical simulations described in the next section, within the "
+    "statistical errors of the ensemble.",
+)
+RULED_TEXT_FORMULAS = (2, 5)  # indices of the display formulas in RULED_TEXT_ROWS
+SMALL_TABLE = (("Run", "Rate", "Time"), ("A", "0.12", "8.3"), ("B", "0.25", "4.0"), ("C", "0.50", "2.1"))
+
+
+def ruled_text_page_pdf(path: Path) -> Path:
+    doc = pymupdf.open()
+    page = doc.new_page(width=595, height=842)
+    css = (
+        "body {font-family: serif; font-size: 11pt;} table {border-collapse: collapse;} "
+        "td {border: 1px solid black; padding: 6pt; text-align: justify;} td.formula {text-align: center;}"
+    )
+    rows, number = [], 0
+    for index, text in enumerate(RULED_TEXT_ROWS):
+        if index in RULED_TEXT_FORMULAS:
+            number += 1
+            rows.append(f"<tr><td class='formula'>{html.escape(text)}</td><td>({number})</td></tr>")
+        else:
+            rows.append(f"<tr><td>{html.escape(text)}</td><td></td></tr>")
+    page.insert_htmlbox(pymupdf.Rect(60, 60, 535, 400), f"<table width='100%'>{''.join(rows)}</table>", css=css)
+    small = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in SMALL_TABLE)
+    page.insert_htmlbox(pymupdf.Rect(60, 450, 300, 600), f"<table>{small}</table>", css=css)
     doc.save(path)
     return path
 

@@ -1,6 +1,7 @@
 """The draft stage on fixtures with known text: accuracy, reading order, tables, backends."""
 
 import json
+import unicodedata
 
 import pymupdf
 import pytest
@@ -9,7 +10,13 @@ from hsd_cli.config import ConvertConfig, DraftBackendName
 from hsd_cli.records import BlockKind
 from hsd_cli.stages.draft import AutoDraft, draft_page, make_draft_backend
 from hsd_cli.stages.draft.paddle import PaddleJsonDraft
-from hsd_cli.stages.draft.tables import html_table_cells, table_block_text
+from hsd_cli.stages.draft.tables import (
+    html_table_cells,
+    is_plausible_table,
+    pipe_table,
+    pipe_table_cells,
+    table_block_text,
+)
 from tests import fixtures
 from tests.text_metrics import cer, plain
 
@@ -173,3 +180,74 @@ def test_text_layer_backends_read_the_text_layer_not_the_rendering(mismatched_pd
         assert page.backend == "pdf-text"
         assert len(words & TEXT_LAYER_WORDS) >= 0.8 * len(TEXT_LAYER_WORDS), words
         assert not words & (RENDERED_WORDS - TEXT_LAYER_WORDS), words
+
+
+@pytest.fixture(scope="module")
+def ruled_pdf(tmp_path_factory):
+    return fixtures.ruled_text_page_pdf(tmp_path_factory.mktemp("ruled") / "ruled.pdf")
+
+
+def _ruled_text_reference() -> str:
+    """The ruled page's text in reading order, each formula followed by its number."""
+    parts, number = [], 0
+    for index, row in enumerate(fixtures.RULED_TEXT_ROWS):
+        parts.append(row)
+        if index in fixtures.RULED_TEXT_FORMULAS:
+            number += 1
+            parts.append(f"({number})")
+    return " ".join(parts)
+
+
+@pytest.mark.parametrize("backend", [DraftBackendName.PDF_TEXT, DraftBackendName.OCR])
+def test_a_ruled_page_of_paragraphs_and_formulas_is_text_while_a_small_table_stays_a_table(
+    ruled_pdf, tmp_path, backend
+):
+    """Both finders take the ruled box of paragraphs for a table; it must come out as text, whole
+    and in reading order, from the text layer and from the image alike."""
+    (page,) = _draft_document(ruled_pdf, backend, tmp_path)
+    (table,) = [b for b in page.blocks if b.kind is BlockKind.TABLE]
+    assert html_table_cells(table.html)[0] == [list(row) for row in fixtures.SMALL_TABLE]
+    text = " ".join(b.text for b in page.blocks if b.kind is not BlockKind.TABLE)
+    assert cer(unicodedata.normalize("NFKC", text), _ruled_text_reference()) <= 0.02
+
+
+def test_a_one_column_table_from_pp_structure_is_text(docs_dir, tmp_path):
+    """Every draft source passes the same rule: a page-long one-column 'table' of formulas and
+    sentences read from an image becomes one text block, its rows in order."""
+    rows = ["E = m c^2", "p = h / lambda", "The two relations combine into the de Broglie wavelength."]
+    table = "<table>" + "".join(f"<tr><td>{row}</td></tr>" for row in rows) + "</table>"
+    result = {"parsing_res_list": [{"block_label": "table", "block_content": table, "block_bbox": [100, 100, 1000, 1500]}]}
+    (tmp_path / "report_0_res.json").write_text(json.dumps(result))
+    with pymupdf.open(docs_dir / "report.pdf") as doc:
+        (block,) = draft_page(PaddleJsonDraft(tmp_path, "report"), doc[0]).blocks
+    assert (block.kind, block.text, block.html) == (BlockKind.TEXT, "\n".join(rows), None)
+
+
+@pytest.mark.parametrize(
+    ("rows", "area_share", "plausible"),
+    [
+        ([["Run", "Rate", "Time"], ["A", "0.12", "8.3"], ["B", "0.25", "4.0"], ["C", "0.50", "2.1"]], 0.05, True),
+        ([["Run", "Rate", "Time"], ["A", "0.12", "8.3"]], 0.8, True),  # a page-sized table of three columns
+        ([["x = 1"], ["y = 2"], ["z = 3"]], 0.1, False),  # one column
+        ([["Run", ""], ["", "0.12"], ["B", ""]], 0.1, True),  # two columns hold text, however sparse
+        ([["", "Run"], ["", "A"]], 0.1, False),  # the other columns are empty
+        ([["Name", "Value"], ["alpha", "1"], ["beta", "2"]], 0.7, False),  # two columns over most of the page
+        ([["Name", "Value"], ["alpha", "1"], ["beta", "2"]], 0.3, True),
+        ([["Term", "Meaning"], ["gain", "the ratio of the output power to the input power of the stage"]], 0.2, True),
+        (
+            [
+                ["we consider a scalar field coupled to a heat bath at temperature T", "(1)"],
+                ["the equation of motion for the field amplitude follows from the Lagrangian", ""],
+            ],
+            0.2,
+            False,  # most cells are sentences
+        ),
+    ],
+)
+def test_table_plausibility_rule(rows, area_share, plausible):
+    assert is_plausible_table(rows, area_share) is plausible
+
+
+def test_pipe_table_text_parses_back_to_its_cells():
+    rows = [["A", "B"], ["1", "x|y"], ["", "z"]]
+    assert pipe_table_cells(pipe_table(rows)) == rows

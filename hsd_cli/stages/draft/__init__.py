@@ -14,6 +14,7 @@ from hsd_cli.records import Block, PageDraft
 from hsd_cli.stages.draft.ocr import OcrDraft
 from hsd_cli.stages.draft.paddle import PaddleDraft, PaddleJsonDraft
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
+from hsd_cli.stages.draft.tables import plausible_table_block
 
 
 class DraftBackend(Protocol):
@@ -61,9 +62,10 @@ def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBacken
 def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
     started = time.perf_counter()
     name, blocks = backend.run(page) if isinstance(backend, AutoDraft) else (backend.name, backend.blocks(page))
+    page_size = (page.rect.width, page.rect.height)
     return PageDraft(
         page_no=page.number + 1,
-        blocks=tuple(blocks),
+        blocks=tuple(plausible_table_block(block, page_size) for block in blocks),
         backend=name,
         seconds=time.perf_counter() - started,
     )
