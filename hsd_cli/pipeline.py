@@ -84,10 +84,11 @@ def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[st
     return tuple((block_id, crop) for block_id, crop in crops if crop is not None)
 
 
-def _stall_for_tests(doc: InputDocument, page_no: int, stage: str) -> None:
-    """Test hook: HSD_TEST_STALL=<file name>:<page>[:vlm] hangs that page's draft (or VLM) stage,
-    as a looping decode or a stuck native library would."""
-    wanted = os.environ.get("HSD_TEST_STALL", "")
+def debug_stall(doc: InputDocument, page_no: int, stage: str) -> None:
+    """Debug setting, for trying --page-timeout and --doc-timeout (the tests use it too):
+    HSD_DEBUG_STALL=<file name>:<page>[:vlm] hangs that page's draft (or VLM) stage, as a
+    looping decode or a stuck native library would. Read here only, in the worker process."""
+    wanted = os.environ.get("HSD_DEBUG_STALL", "")
     if wanted in (f"{doc.path.name}:{page_no}:{stage}", f"{doc.path.name}:{page_no}" if stage == "draft" else None):
         time.sleep(3600)
 
@@ -184,7 +185,7 @@ def _convert_page(
     """Draft, checkpoint the draft, then the VLM stages; each stage retried once."""
     page_no = page.number + 1
     warnings = []
-    _stall_for_tests(task.doc, page_no, "draft")
+    debug_stall(task.doc, page_no, "draft")
     drafted, error = _with_retries(lambda: draft_stage(page, backend, task.config))
     if drafted is None:
         return failed_page(page, "error"), [f"page {page_no}: {error}"]
@@ -192,7 +193,7 @@ def _convert_page(
     if vlm is not None:
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
-        _stall_for_tests(task.doc, page_no, "vlm")
+        debug_stall(task.doc, page_no, "vlm")
         decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config))
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
@@ -213,7 +214,7 @@ def _metadata(pdf: pymupdf.Document) -> dict[str, str]:
 def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResult, dict[int, str]]:
     """Convert the selected pages, resuming from checkpoints; returns the result and failed pages."""
     config = task.config
-    pdf = open_document(task.doc.path, task.doc.kind, config.password)
+    pdf, damage = open_document(task.doc.path, task.doc.kind, config.password)
     with pdf:
         indices = select_pages(config.pages, pdf.page_count)
         if not indices:
@@ -223,7 +224,9 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         backend = make_draft_backend(config, task.doc.path.stem)
         options = vlm_options(config)
         vlm = VlmStages.shared(options) if options else None
-        warnings = ["the PDF was damaged and has been repaired"] if pdf.is_repaired else []
+        warnings = [damage] if damage else []
+        if pdf.is_repaired:
+            warnings.append("the PDF was damaged and has been repaired")
         task.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         pages: list[PageResult] = []
         failures: dict[int, str] = {}
@@ -246,7 +249,8 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 failures[page_no] = result.flags[-1]
             pages.append(result)
         result = DocumentResult(
-            pages=tuple(pages), page_count=pdf.page_count, metadata=_metadata(pdf), warnings=tuple(warnings)
+            pages=tuple(pages), page_count=pdf.page_count, metadata=_metadata(pdf), warnings=tuple(warnings),
+            damaged=damage is not None,
         )
         return result, failures
 
@@ -337,11 +341,13 @@ def with_speedup(totals: dict[str, Any]) -> dict[str, Any]:
     return totals
 
 
-def _document_status(pages: tuple[PageResult, ...], failures: dict[int, str], max_rate: float) -> DocStatus:
-    """Failed pages (no content) count against --max-page-error-rate; draft fallbacks only degrade."""
+def _document_status(result: DocumentResult, failures: dict[int, str], max_rate: float) -> DocStatus:
+    """Failed pages (no content) count against --max-page-error-rate; draft fallbacks and a
+    source that decoded only in part degrade."""
+    pages = result.pages
     if failures and len(failures) / len(pages) > max_rate:
         return DocStatus.TIMEOUT if set(failures.values()) == {"timeout"} else DocStatus.FAILED
-    if failures or any("fallback" in page.flags for page in pages):
+    if failures or result.damaged or any("fallback" in page.flags for page in pages):
         return DocStatus.DEGRADED
     return DocStatus.OK
 
@@ -352,7 +358,7 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
     name = str(task.doc.path)
     try:
         result, failures = convert_document(task, emit)
-        status = _document_status(result.pages, failures, task.max_page_error_rate)
+        status = _document_status(result, failures, task.max_page_error_rate)
         if status.is_failure:
             return DocumentOutcome(
                 input=name,

@@ -71,7 +71,7 @@ def test_failed_documents_wait_for_retry_failed(tmp_path):
 
 
 def test_a_hanging_page_times_out_and_the_run_ends(docs_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("HSD_TEST_STALL", "report.pdf:2")
+    monkeypatch.setenv("HSD_DEBUG_STALL", "report.pdf:2")
     started = time.monotonic()
     strict = run_hsd("convert", docs_dir, "-o", tmp_path / "a", "--json", "--page-timeout", "30")
     assert time.monotonic() - started < 120
@@ -92,7 +92,7 @@ def test_a_hanging_page_times_out_and_the_run_ends(docs_dir, tmp_path, monkeypat
 
 
 def test_document_timeout_fires(docs_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("HSD_TEST_STALL", "report.pdf:1")
+    monkeypatch.setenv("HSD_DEBUG_STALL", "report.pdf:1")
     result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, "--json", "--doc-timeout", "4")
     assert result.exit_code == 1 and _statuses(result) == {"report.pdf": "timeout"}
     assert not (tmp_path / "report.md").exists()

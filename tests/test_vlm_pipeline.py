@@ -61,7 +61,7 @@ def test_vlm_stages_without_a_model_are_a_usage_error(docs_dir, tmp_path):
 
 
 def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("HSD_TEST_STALL", "report.pdf:1:vlm")
+    monkeypatch.setenv("HSD_DEBUG_STALL", "report.pdf:1:vlm")
     result = run_hsd(
         "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", "page",
         "--max-new-tokens", "8", "--page-timeout", "30", "--json",
