@@ -95,3 +95,4 @@ class DocumentResult:
     page_count: int  # pages in the document (converted pages may be a subset)
     metadata: dict[str, Any]
     warnings: tuple[str, ...] = ()
+    damaged: bool = False  # the source (an image cut short) decoded only in part

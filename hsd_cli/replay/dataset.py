@@ -99,7 +99,8 @@ def prepare(
     for index, pair in enumerate(pairs):
         source = str(pair.document.relative_to(inputs_dir))
         output = pair.output.read_text(encoding="utf-8").strip()
-        with open_document(pair.document, sniff_kind(pair.document), None) as doc:
+        doc, _ = open_document(pair.document, sniff_kind(pair.document), None)
+        with doc:
             if pair.page_no > doc.page_count:
                 raise ReplayInputError(f"{pair.output.name}: {source} has no page {pair.page_no}")
             page = doc[pair.page_no - 1]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pymupdf
-from PIL import Image
+from PIL import Image, ImageFile, ImageSequence, UnidentifiedImageError
 
 from hsd_cli.records import DocStatus, PageImage
 
@@ -29,14 +33,86 @@ def _tail_has_eof(path: Path) -> bool:
         return b"%%EOF" in handle.read()
 
 
-def open_document(path: Path, kind: str | None, password: str | None) -> pymupdf.Document:
-    """Open `path` as a PDF (images become one-page PDFs) or raise DocumentError."""
+@contextmanager
+def _pil_decoding(lenient: bool) -> Iterator[None]:
+    """PIL set to refuse (strict) or fill in (lenient) image data that is cut short, quietly."""
+    previous = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = lenient
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PIL's warnings (EXIF, large images) are not the user's news
+            yield
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = previous
+
+
+def _image_damage(path: Path) -> str | None:
+    """What stops the image file from decoding cleanly (data cut short or broken), or None.
+    MuPDF converts such images without a word, holding whatever the damage left."""
+    with _pil_decoding(lenient=False):
+        try:
+            with Image.open(path) as image:
+                for frame in ImageSequence.Iterator(image):
+                    if image.format == "JPEG":
+                        frame.draft(frame.mode, (frame.width // 8, frame.height // 8))  # still reads every byte
+                    frame.load()
+        except UnidentifiedImageError:
+            return "header or image directory unreadable; file cut short?"
+        except (OSError, SyntaxError, ValueError) as exc:
+            return str(exc) or type(exc).__name__
+    return None
+
+
+def _decodable_frames(path: Path) -> list[Image.Image]:
+    """The frames of a damaged image as far as they decode: the rest of a cut-short frame is
+    PIL's fill, frames after the damage are lost."""
+    frames: list[Image.Image] = []
+    with _pil_decoding(lenient=True):
+        try:
+            with Image.open(path) as image:
+                for frame in ImageSequence.Iterator(image):
+                    frame.load()
+                    frames.append(frame.convert("RGB") if frame.mode not in ("1", "L", "RGB") else frame.copy())
+        except (OSError, SyntaxError, ValueError):
+            pass
+    return frames
+
+
+def _is_blank(image: Image.Image) -> bool:
+    extrema = image.getextrema()
+    bands = extrema if isinstance(extrema[0], tuple) else (extrema,)
+    return all(low == high for low, high in bands)
+
+
+def _partial_image_document(path: Path, kind: str, damage: str) -> pymupdf.Document:
+    """A PDF of what decodes of a damaged image; DocumentError(CORRUPT) when nothing does (no
+    frame, or only PIL's one-colour fill)."""
+    frames = _decodable_frames(path)
+    if all(_is_blank(frame) for frame in frames):
+        raise DocumentError(DocStatus.CORRUPT, f"damaged {kind.upper()}: no image data decodes ({damage})")
+    doc = pymupdf.open()
+    for frame in frames:
+        buffer = io.BytesIO()
+        frame.save(buffer, format="PNG", dpi=frame.info.get("dpi", (72, 72)))
+        with pymupdf.open("png", buffer.getvalue()) as image:
+            doc.insert_pdf(pymupdf.open("pdf", image.convert_to_pdf()))
+    return doc
+
+
+def open_document(path: Path, kind: str | None, password: str | None) -> tuple[pymupdf.Document, str | None]:
+    """Open `path` as a PDF (images become one-page PDFs) or raise DocumentError. With it, what is
+    wrong with an image that decodes only in part (its document is then degraded), else None."""
     if path.stat().st_size == 0:
         raise DocumentError(DocStatus.CORRUPT, "empty file (0 bytes)")
     if kind is None:
         raise DocumentError(DocStatus.CORRUPT, "not a PDF or image (unrecognised content)")
     if kind == "pdf" and not _tail_has_eof(path):
         raise DocumentError(DocStatus.CORRUPT, "truncated PDF (no %%EOF at the end; file cut short?)")
+    if kind != "pdf" and (damage := _image_damage(path)) is not None:
+        return (
+            _partial_image_document(path, kind, damage),
+            f"damaged {kind.upper()} ({damage}): only what decodes is converted",
+        )
     try:
         doc = pymupdf.open(path, filetype=kind)
     except (pymupdf.FileDataError, pymupdf.EmptyFileError, RuntimeError) as exc:
@@ -48,10 +124,13 @@ def open_document(path: Path, kind: str | None, password: str | None) -> pymupdf
             raise DocumentError(DocStatus.ENCRYPTED, "encrypted PDF: the --password is wrong")
     if not doc.is_pdf:
         # Images: the draft stage and the layout model work on PDF pages.
-        doc = pymupdf.open("pdf", doc.convert_to_pdf())
+        try:
+            doc = pymupdf.open("pdf", doc.convert_to_pdf())
+        except pymupdf.mupdf.FzErrorBase as exc:  # image data MuPDF refuses though PIL took it
+            raise DocumentError(DocStatus.CORRUPT, f"cannot decode {kind.upper()}: {exc}") from None
     if doc.page_count == 0:
         raise DocumentError(DocStatus.CORRUPT, "document has no pages")
-    return doc
+    return doc, None
 
 
 def render_scale(size_pt: tuple[float, float], dpi: int, max_pixels: int) -> float:
