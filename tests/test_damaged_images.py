@@ -64,8 +64,12 @@ def test_cut_images_are_degraded_or_corrupt_never_silently_ok(images, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_a_whole_image_opens_without_a_damage_note(images):
+def test_a_whole_image_opens_without_a_damage_note(images, monkeypatch):
     doc, damage = open_document(images / "whole.jpg", "jpeg", None)
     assert damage is None and doc.page_count == 1
     with pytest.raises(DocumentError):
         open_document(images / "header.jpg", "jpeg", None)
+    # An image above PIL's size limit goes unchecked to MuPDF, as before the check existed.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    doc, damage = open_document(images / "whole.jpg", "jpeg", None)
+    assert damage is None and doc.page_count == 1

@@ -56,6 +56,8 @@ def _image_damage(path: Path) -> str | None:
                     if image.format == "JPEG":
                         frame.draft(frame.mode, (frame.width // 8, frame.height // 8))  # still reads every byte
                     frame.load()
+        except Image.DecompressionBombError:
+            return None  # too large for PIL to check by default: MuPDF alone decodes it, as before
         except UnidentifiedImageError:
             return "header or image directory unreadable; file cut short?"
         except (OSError, SyntaxError, ValueError) as exc:
