@@ -63,9 +63,9 @@ def _model_directory_problem(model: str) -> str | None:
     path = Path(model)
     separators = sum(model.count(sep) for sep in (os.sep, os.altsep) if sep)
     if path.is_dir():
-        return None if (path / "config.json").is_file() else f"--model {model}: directory has no config.json"
+        return None if (path / "config.json").is_file() else f"cannot load model {model!r}: directory has no config.json"
     if path.is_absolute() or model.startswith((".", "~")) or separators > 1:
-        return f"--model {model}: {'not a directory' if path.exists() else 'no such directory'}"
+        return f"cannot load model {model!r}: {'not a directory' if path.exists() else 'no such directory'}"
     return None
 
 
