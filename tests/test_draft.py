@@ -141,7 +141,6 @@ def test_auto_falls_back_to_ocr_when_the_text_layer_is_empty(docs_dir, monkeypat
     assert fixtures.TITLE in " ".join(b.text for b in result.blocks)
 
 
-
 def _words(text: str) -> set[str]:
     return set(plain(text).lower().replace(".", " ").split())
 
@@ -155,14 +154,19 @@ def mismatched_pdf(tmp_path_factory):
     return fixtures.mismatched_text_layer_pdf(tmp_path_factory.mktemp("mismatch") / "mismatch.pdf")
 
 
+@pytest.fixture(scope="module")
+def mismatched_ocr_pages(mismatched_pdf, tmp_path_factory):
+    return _draft_document(mismatched_pdf, DraftBackendName.OCR, tmp_path_factory.mktemp("ocr-out"))
+
+
 RENDERED_WORDS = _words(" ".join(fixtures.RENDERED_LINES))
 TEXT_LAYER_WORDS = _words(" ".join(fixtures.TEXT_LAYER_LINES))
 
 
 @pytest.mark.parametrize("page_index", [0, 1], ids=["text-only page", "page with a picture"])
-def test_ocr_backend_reads_the_rendering_not_the_text_layer(mismatched_pdf, tmp_path, page_index):
+def test_ocr_backend_reads_the_rendering_not_the_text_layer(mismatched_ocr_pages, page_index):
     """`--draft ocr` OCRs every page, born-digital ones too, and keeps none of the text layer."""
-    page = _draft_document(mismatched_pdf, DraftBackendName.OCR, tmp_path)[page_index]
+    page = mismatched_ocr_pages[page_index]
     words = _block_words(page.blocks)
     assert page.backend == "ocr"
     assert len(words & RENDERED_WORDS) >= 0.8 * len(RENDERED_WORDS), words
