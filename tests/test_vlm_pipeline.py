@@ -37,6 +37,38 @@ def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_mo
     assert decoding["speedup"]["value"] == pytest.approx(decoding["baseline_page_s"] / spent, rel=1e-2)
 
 
+def _invisible_text_pdf(path, text):
+    """A page whose picture never changes (a filled box) with `text` as an invisible text layer:
+    the text drafts the page without changing what the model sees."""
+    import pymupdf
+
+    with pymupdf.open() as doc:
+        page = doc.new_page(width=300, height=300)
+        page.draw_rect(pymupdf.Rect(40, 220, 260, 280), color=(0, 0, 0), fill=(0.2, 0.4, 0.6))
+        page.insert_textbox(pymupdf.Rect(20, 90, 280, 210), text, fontsize=8, render_mode=3)
+        doc.save(path)
+
+
+def test_a_page_drafted_with_the_models_own_text_accepts_drafts_and_equals_plain_decoding(tiny_model, tmp_path):
+    # A random model never agrees with real text, so its own plain output is the draft: decode
+    # the page once, then again with that output as the page's text layer.
+    def convert(name, text):
+        _invisible_text_pdf(tmp_path / f"{name}.pdf", text)
+        result = run_hsd(
+            "convert", tmp_path / f"{name}.pdf", "-o", tmp_path / name, "--model", tiny_model, "--stages", "page",
+            "--max-new-tokens", "48", "--baseline", "--json",
+        )
+        assert result.exit_code == 0, result.stderr
+        return json.loads((tmp_path / name / f"{name}.json").read_text())["pages"][0]
+
+    first = convert("first", "Placeholder words.")
+    second = convert("second", first["markdown"])
+    assert second["stats"]["page"]["accepted"] > 10, "the model's own text must be accepted"
+    assert second["stats"]["page"]["forwards"] < second["stats"]["baseline"]["forwards"]
+    assert second["stats"]["baseline"]["identical"], "speculative output must equal plain decoding"
+    assert second["markdown"] == first["markdown"] and second["text_source"] == "model"
+
+
 def test_auto_stages_run_regions_only_for_uncertain_blocks(tiny_model, docs_dir, tmp_path):
     result = run_hsd(
         "convert", docs_dir, "-o", tmp_path, "--model", tiny_model, "--max-new-tokens", "8", "--pages", "1", "--json",

@@ -1,0 +1,114 @@
+"""After commits that gather accepted nodes out of a tree, after cache compaction and in a
+left-padded batch, every tree node's logits must equal the model's own forward over the row's
+prompt + committed tokens + the node's path. A commit that keeps the wrong slots must fail this."""
+
+import pytest
+import torch
+
+from hsd_cli.decoding.hf_adapter import HFTarget
+from hsd_cli.decoding.tree import TokenTree, batch_trees
+
+from .test_exactness import SAME_LOGITS
+
+#        0
+#      /   \
+#     1     2
+#    / \    |
+#   3   4   5
+#           |
+#           6
+PARENTS = (-1, 0, 0, 1, 1, 2, 5)
+# Per step, the nodes each row keeps: off the first branch (a gather, not a slice), of different
+# lengths per row (so rows get padding slots), the last step only checks.
+KEPT = [[[0, 2, 5], [0]], [[0, 1, 3], [0, 2, 5, 6]], None]
+PROMPTS = ["Read.", "Transcribe every word of this page, please."]  # different lengths: left padding
+
+
+def step_tree(step: int, row: int) -> TokenTree:
+    root = 40 + 10 * step + row
+    return TokenTree((root, *(100 + 20 * step + 3 * row + node for node in range(1, len(PARENTS)))), PARENTS)
+
+
+def path_tokens(tree: TokenTree, node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(tree.tokens[node])
+        node = tree.parents[node]
+    return path[::-1]
+
+
+def plain_logits(target, image, prompt, tokens):
+    """No cache, no custom mask or positions: the model's own forward over prompt + tokens."""
+    inputs = target.inputs([image], [prompt])
+    extra = torch.tensor([tokens])
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
+    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(extra)], 1)
+    if "mm_token_type_ids" in inputs:
+        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
+    with torch.inference_mode():
+        return target.model(**inputs).logits[0, -1].float()
+
+
+class CountingTarget(HFTarget):
+    """Counts the gathers of accepted nodes and the compactions, and compacts after every commit."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.gathers = self.compactions = 0
+
+    def _gather_new_slots(self, state, old_len, index):
+        self.gathers += 1
+        super()._gather_new_slots(state, old_len, index)
+
+    def _compact(self, state):
+        self.compactions += 1
+        assert (~state.slot_valid).any(), "compaction with no padding to squeeze out tests nothing"
+        super()._compact(state)
+
+    def commit(self, state, width, kept_nodes):
+        super().commit(state, width, kept_nodes)
+        if (~state.slot_valid).any():
+            self._compact(state)
+
+
+class WrongSlotsTarget(CountingTarget):
+    """Keeps the entry of the node after each accepted node (an off-by-one gather). Reordering the
+    right entries would not be wrong: attention does not care where a rotated key sits."""
+
+    def _gather_new_slots(self, state, old_len, index):
+        super()._gather_new_slots(state, old_len, (index + 1).clamp(max=len(PARENTS) - 1))
+
+
+def largest_logit_error(target, images) -> float:
+    """Run the KEPT steps on a two-row batch; the largest error over every node of every step."""
+    state, _ = target.prefill(target.inputs(images, PROMPTS))
+    committed = [[], []]
+    error = 0.0
+    for step, kept in enumerate(KEPT):
+        trees = [step_tree(step, row) for row in range(2)]
+        batch = batch_trees(trees)
+        logits = target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors)
+        for row, tree in enumerate(trees):
+            for node in range(len(tree)):
+                expected = plain_logits(target, images[row], PROMPTS[row], committed[row] + path_tokens(tree, node))
+                error = max(error, (logits[row, node] - expected).abs().max().item())
+        if kept is not None:
+            target.commit(state, batch.width, kept)
+            for row, nodes in enumerate(kept):
+                committed[row] += [trees[row].tokens[n] for n in nodes]
+    return error
+
+
+def test_logits_after_gathering_commits_and_compaction_in_a_padded_batch(tiny_target, make_image, request):
+    if tiny_target.model.config.model_type == "hunyuan_vl":
+        # Found by this test: transformers' HunYuanVL get_rope_index numbers images across the
+        # batch on the image-index RoPE axis, so the second row's image gets index 1 (0 when the
+        # row is decoded alone) and its logits move by 0.02. Positions must be computed per row.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="HunYuanVL image index counts across the batch"))
+    images = [make_image(1, 56, 56), make_image(2, 112, 84)]
+    right = CountingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    assert largest_logit_error(right, images) < SAME_LOGITS
+    assert right.gathers == 2 and right.compactions == 2
+    wrong = WrongSlotsTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    assert largest_logit_error(wrong, images) > 100 * SAME_LOGITS, "a commit that keeps the wrong slots must be caught"
+    assert wrong.gathers == 2
