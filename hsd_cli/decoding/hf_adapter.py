@@ -202,6 +202,24 @@ class HunYuanVLAdapter(QwenVLAdapter):
     def rope_axes(self, model) -> int:
         return len(model.config.text_config.rope_parameters["mrope_section"])
 
+    def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        # transformers numbers images across the whole batch on the image-index axis: a row's
+        # image would get its batch position as index, and other logits than decoded alone.
+        if inputs.get("image_grid_thw") is None or inputs["input_ids"].shape[0] == 1:
+            return super().prefill_positions(model, inputs)
+        images_per_row = (inputs["input_ids"] == model.config.im_start_id).sum(-1).tolist()
+        grids = inputs["image_grid_thw"].split(images_per_row)
+        rows = [
+            super(HunYuanVLAdapter, self).prefill_positions(model, {
+                "input_ids": inputs["input_ids"][b : b + 1],
+                "mm_token_type_ids": inputs["mm_token_type_ids"][b : b + 1],
+                "attention_mask": inputs["attention_mask"][b : b + 1],
+                "image_grid_thw": grid if len(grid) else None,
+            })
+            for b, grid in enumerate(grids)
+        ]
+        return torch.cat([positions for positions, _ in rows], dim=1), torch.cat([deltas for _, deltas in rows])
+
     def vision_token_ids(self, config) -> list[int]:
         return [config.image_token_id, config.im_start_id, config.im_end_id, config.im_newline_id]
 

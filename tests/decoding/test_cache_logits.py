@@ -2,7 +2,6 @@
 left-padded batch, every tree node's logits must equal the model's own forward over the row's
 prompt + committed tokens + the node's path. A commit that keeps the wrong slots must fail this."""
 
-import pytest
 import torch
 
 from hsd_cli.decoding.hf_adapter import HFTarget
@@ -99,12 +98,7 @@ def largest_logit_error(target, images) -> float:
     return error
 
 
-def test_logits_after_gathering_commits_and_compaction_in_a_padded_batch(tiny_target, make_image, request):
-    if tiny_target.model.config.model_type == "hunyuan_vl":
-        # Found by this test: transformers' HunYuanVL get_rope_index numbers images across the
-        # batch on the image-index RoPE axis, so the second row's image gets index 1 (0 when the
-        # row is decoded alone) and its logits move by 0.02. Positions must be computed per row.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="HunYuanVL image index counts across the batch"))
+def test_logits_after_gathering_commits_and_compaction_in_a_padded_batch(tiny_target, make_image):
     images = [make_image(1, 56, 56), make_image(2, 112, 84)]
     right = CountingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
     assert largest_logit_error(right, images) < SAME_LOGITS
