@@ -167,7 +167,7 @@ def convert(
 ) -> None:
     """Convert documents to Markdown and JSON."""
     from hsd_cli.output.manifest import OutputLockedError
-    from hsd_cli.pipeline import vlm_options
+    from hsd_cli.tasks import vlm_options
     from hsd_cli.runner import EventLog, ExitCode, Reporter, read_files_from, run_convert
 
     console = Console(stderr=True)

@@ -6,77 +6,34 @@ killed (timeout, crash, SIGKILL of the whole run) resumes at the page where it s
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import pickle
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pymupdf
 
 from hsd_cli.config import ConvertConfig, ImageMode, Stages, select_pages
-from hsd_cli.inputs import InputDocument, OutputPaths
+from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
-from hsd_cli.output.json_doc import SCHEMA_VERSION, document_json
+from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageImage, PageResult
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
-from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET, VlmOptions, VlmStages
+from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET, VlmStages
+from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options, with_speedup
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
 # (event name, payload) -> None; how the worker tells the parent about progress.
 EventSink = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class DocumentTask:
-    """Everything a worker needs for one document (picklable)."""
-
-    doc: InputDocument
-    outputs: OutputPaths
-    config: ConvertConfig
-    sha256: str
-    checkpoint_dir: Path
-    max_page_error_rate: float = 0.2
-    lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
-
-
-@dataclass(frozen=True)
-class DocumentOutcome:
-    """What happened to one input: a row of the run summary and of the manifest."""
-
-    input: str
-    status: DocStatus
-    error: str | None = None
-    outputs: dict[str, str] = field(default_factory=dict)
-    pages: int = 0
-    page_count: int = 0
-    failed_pages: dict[int, str] = field(default_factory=dict)
-    seconds: float = 0.0
-    sha256: str | None = None
-    draft_backends: dict[str, int] = field(default_factory=dict)
-    page_timings: dict[int, dict[str, float]] = field(default_factory=dict)
-    decoding: dict[str, Any] | None = None  # page-stage totals when a VLM ran
-    warnings: tuple[str, ...] = ()
-    note: str | None = None  # e.g. why a document was skipped
-    traceback: str | None = None  # shown only with --debug
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[str, object], ...]:
@@ -118,19 +75,6 @@ def vlm_stage(drafted: PageResult, image: PageImage, vlm: VlmStages, config: Con
 def with_fallback_flags(drafted: PageResult, reason: str) -> PageResult:
     """The draft standing in for a page whose VLM stage failed, flagged with why."""
     return replace(drafted, flags=("fallback", reason))
-
-
-def vlm_options(config: ConvertConfig) -> VlmOptions | None:
-    if config.model is None or config.stages is Stages.DRAFT:
-        return None
-    return VlmOptions(
-        model=config.model,
-        device=config.device,
-        dtype=config.dtype,
-        trust_remote_code=config.trust_remote_code,
-        max_new_tokens=config.max_new_tokens,
-        baseline=config.baseline,
-    )
 
 
 def region_planner(stages: Stages) -> Callable[[Block], bool]:
@@ -255,24 +199,6 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         return result, failures
 
 
-def output_config(config: ConvertConfig) -> dict[str, object]:
-    """The options that change output bytes (recorded in the JSON, hashed for resume)."""
-    wanted = (
-        "pages", "dpi", "max_pixels", "draft_backend", "images", "page_markers", "stages", "model",
-        "dtype", "max_new_tokens",
-    )
-
-    def plain(value: object) -> object:
-        return value if value is None or isinstance(value, (bool, int, float)) else str(value)
-
-    return {key: plain(value) for key, value in asdict(config).items() if key in wanted}
-
-
-def config_hash(config: ConvertConfig) -> str:
-    canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config)}, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
 def _png_bytes(image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", optimize=False)
@@ -326,19 +252,6 @@ def decoding_totals(pages: tuple[PageResult, ...] | list[PageResult]) -> dict[st
     if all("baseline_page_s" in p.timings for p in decoded):
         totals["baseline_page_s"] = round(sum(p.timings["baseline_page_s"] for p in decoded), 3)
     return with_speedup(totals)
-
-
-def with_speedup(totals: dict[str, Any]) -> dict[str, Any]:
-    """`totals` plus tau and the speedup: plain page decoding (--baseline) against every VLM stage
-    hsd ran for the same pages (region passes included: they are what buys the page's drafts)."""
-    forwards, spent = totals["forwards"], totals["region_s"] + totals["page_s"]
-    totals["tau"] = round(totals["new_tokens"] / forwards, 3) if forwards else 0.0
-    if "baseline_page_s" in totals:
-        totals["speedup"] = {"value": round(totals["baseline_page_s"] / spent, 3) if spent else 0.0, "kind": "measured"}
-    else:
-        # Without a plain-decoding baseline the speedup is unknown; tau bounds it from above.
-        totals["speedup"] = {"value": totals["tau"], "kind": "estimate (tau; tree forwards cost more)"}
-    return totals
 
 
 def _document_status(result: DocumentResult, failures: dict[int, str], max_rate: float) -> DocStatus:

@@ -23,9 +23,9 @@ from hsd_cli import __version__
 from hsd_cli.config import ConvertConfig, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.pipeline import DocumentOutcome, DocumentTask, config_hash, file_sha256, with_speedup
+from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, with_speedup
 from hsd_cli.records import DocStatus
-from hsd_cli.worker import Limits, WorkerPool
+from hsd_cli.worker import Limits, WorkerPool, peak_rss_mib
 
 
 class ExitCode(IntEnum):
@@ -176,7 +176,11 @@ def _manifest_record(
             "seconds": round(outcome.seconds, 3),
             "pages": {str(n): {k: round(v, 4) for k, v in t.items()} for n, t in outcome.page_timings.items()},
         },
-        "stats": {"draft_backends": outcome.draft_backends, "decoding": outcome.decoding},
+        "stats": {
+            "draft_backends": outcome.draft_backends,
+            "decoding": outcome.decoding,
+            "peak_rss_mib": outcome.peak_rss_mib,
+        },
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -322,6 +326,10 @@ def _summary(
     counts = Counter(outcome.status.value for outcome in outcomes)
     return {
         "decoding": _decoding_summary([o.decoding for o in outcomes if o.decoding]),
+        "peak_rss_mib": {
+            "parent": peak_rss_mib(),
+            "worker": max((o.peak_rss_mib for o in outcomes if o.peak_rss_mib is not None), default=None),
+        },
         "hsd_version": __version__,
         "exit_code": int(code),
         "output_dir": str(config.output_dir),
@@ -345,6 +353,7 @@ def _summary(
                 "warnings": list(outcome.warnings),
                 "note": outcome.note,
                 "decoding": outcome.decoding,
+                "peak_rss_mib": outcome.peak_rss_mib,
             }
             for outcome in outcomes
         ],

@@ -1,0 +1,110 @@
+"""What the parent process and a worker exchange about one document.
+
+Kept free of the heavy imports (PyMuPDF and its layout model, rapidocr, torch): the parent imports
+only this, so a draft-only run's parent stays small while its worker holds the models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hsd_cli.config import ConvertConfig, Stages
+from hsd_cli.inputs import InputDocument, OutputPaths
+from hsd_cli.output.json_doc import SCHEMA_VERSION
+from hsd_cli.records import DocStatus
+
+if TYPE_CHECKING:
+    from hsd_cli.stages.vlm import VlmOptions
+
+
+@dataclass(frozen=True)
+class DocumentTask:
+    """Everything a worker needs for one document (picklable)."""
+
+    doc: InputDocument
+    outputs: OutputPaths
+    config: ConvertConfig
+    sha256: str
+    checkpoint_dir: Path
+    max_page_error_rate: float = 0.2
+    lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
+
+
+@dataclass(frozen=True)
+class DocumentOutcome:
+    """What happened to one input: a row of the run summary and of the manifest."""
+
+    input: str
+    status: DocStatus
+    error: str | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
+    pages: int = 0
+    page_count: int = 0
+    failed_pages: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    sha256: str | None = None
+    draft_backends: dict[str, int] = field(default_factory=dict)
+    page_timings: dict[int, dict[str, float]] = field(default_factory=dict)
+    decoding: dict[str, Any] | None = None  # page-stage totals when a VLM ran
+    warnings: tuple[str, ...] = ()
+    note: str | None = None  # e.g. why a document was skipped
+    traceback: str | None = None  # shown only with --debug
+    peak_rss_mib: int | None = None  # the worker's peak resident memory while on this document
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def vlm_options(config: ConvertConfig) -> VlmOptions | None:
+    if config.model is None or config.stages is Stages.DRAFT:
+        return None
+    from hsd_cli.stages.vlm import VlmOptions  # imports torch: only when a VLM will run
+
+    return VlmOptions(
+        model=config.model,
+        device=config.device,
+        dtype=config.dtype,
+        trust_remote_code=config.trust_remote_code,
+        max_new_tokens=config.max_new_tokens,
+        baseline=config.baseline,
+    )
+
+
+def output_config(config: ConvertConfig) -> dict[str, object]:
+    """The options that change output bytes (recorded in the JSON, hashed for resume)."""
+    wanted = (
+        "pages", "dpi", "max_pixels", "draft_backend", "images", "page_markers", "stages", "model",
+        "dtype", "max_new_tokens",
+    )
+
+    def plain(value: object) -> object:
+        return value if value is None or isinstance(value, (bool, int, float)) else str(value)
+
+    return {key: plain(value) for key, value in asdict(config).items() if key in wanted}
+
+
+def config_hash(config: ConvertConfig) -> str:
+    canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config)}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def with_speedup(totals: dict[str, Any]) -> dict[str, Any]:
+    """`totals` plus tau and the speedup: plain page decoding (--baseline) against every VLM stage
+    hsd ran for the same pages (region passes included: they are what buys the page's drafts)."""
+    forwards, spent = totals["forwards"], totals["region_s"] + totals["page_s"]
+    totals["tau"] = round(totals["new_tokens"] / forwards, 3) if forwards else 0.0
+    if "baseline_page_s" in totals:
+        totals["speedup"] = {"value": round(totals["baseline_page_s"] / spent, 3) if spent else 0.0, "kind": "measured"}
+    else:
+        # Without a plain-decoding baseline the speedup is unknown; tau bounds it from above.
+        totals["speedup"] = {"value": totals["tau"], "kind": "estimate (tau; tree forwards cost more)"}
+    return totals

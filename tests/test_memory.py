@@ -1,0 +1,94 @@
+"""Memory: the parent stays free of the models, the worker gives large blocks back, and every
+document reports the worker's peak memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, uses glibc")
+
+
+def _python(code: str, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_parent_converts_without_loading_any_model_library(docs_dir, tmp_path):
+    """The models live in the worker: a draft-only run's parent never imports them (it was 330 MB)."""
+    report = _python(
+        """
+        import json, sys
+        from typer.testing import CliRunner
+        from hsd_cli.cli import app
+
+        result = CliRunner().invoke(app, ["convert", sys.argv[1], "-o", sys.argv[2], "-q", "--json"])
+        assert result.exit_code == 0, result.output
+        heavy = ("pymupdf", "fitz", "onnxruntime", "rapidocr", "torch", "transformers", "cv2")
+        loaded = sorted(name for name in heavy if name in sys.modules)
+        print(json.dumps({"loaded": loaded, "summary": json.loads(result.stdout)}))
+        """,
+        str(docs_dir / "report.pdf"),
+        str(tmp_path / "out"),
+    )
+    report = json.loads(report)
+    assert report["loaded"] == []
+    assert (tmp_path / "out" / "report.md").read_text().strip()
+    if sys.platform.startswith("linux"):
+        peaks = report["summary"]["peak_rss_mib"]
+        assert peaks["parent"] < peaks["worker"]  # measured where the models are
+
+
+@linux_only
+def test_large_freed_blocks_go_back_to_the_os():
+    """After a 24 MiB block is freed glibc would serve 8 MiB blocks from the heap, and smaller
+    live blocks between them keep that heap from shrinking: the worker's setting unmaps them."""
+    retained = _python(
+        """
+        import ctypes
+        from hsd_cli.worker import unmap_large_blocks_on_free
+
+        def rss_mib():
+            with open("/proc/self/status") as handle:
+                return next(int(line.split()[1]) // 1024 for line in handle if line.startswith("VmRSS:"))
+
+        unmap_large_blocks_on_free()
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        large = libc.malloc(24 << 20)
+        ctypes.memset(large, 1, 24 << 20)
+        libc.free(large)
+        before = rss_mib()
+        blocks, pins = [], []
+        for _ in range(20):
+            block = libc.malloc(8 << 20)
+            ctypes.memset(block, 1, 8 << 20)
+            blocks.append(block)
+            pins.append(libc.malloc(200 << 10))
+        for block in blocks:
+            libc.free(block)
+        print(rss_mib() - before)
+        """
+    )
+    assert int(retained) < 40  # 160 MiB stay resident under glibc's default
+
+
+@linux_only
+def test_every_document_reports_the_worker_peak_memory(converted):
+    summary = converted["summary"]
+    manifest = [
+        json.loads(line) for line in (converted["out"] / ".hsd" / "manifest.jsonl").read_text().splitlines()
+    ]
+    peaks = [document["peak_rss_mib"] for document in summary["documents"]]
+    assert peaks and all(isinstance(peak, int) for peak in peaks)
+    assert sorted(record["stats"]["peak_rss_mib"] for record in manifest) == sorted(peaks)
+    assert summary["peak_rss_mib"]["worker"] == max(peaks)
+    assert isinstance(summary["peak_rss_mib"]["parent"], int)
