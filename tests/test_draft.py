@@ -136,7 +136,7 @@ def test_auto_falls_back_to_ocr_when_the_text_layer_is_empty(docs_dir, monkeypat
 
     monkeypatch.setattr(draft_module, "analyze_page", lambda page: {"needs_ocr": False})
     with pymupdf.open(docs_dir / "scan.pdf") as doc:
-        result = draft_page(AutoDraft(PdfTextDraft(), OcrDraft(150, 4_194_304)), doc[0])
+        result = draft_page(AutoDraft(PdfTextDraft(), OcrDraft(150, 4_194_304, keep_text_layer=True)), doc[0])
     assert result.backend == "ocr"
     assert fixtures.TITLE in " ".join(b.text for b in result.blocks)
 
@@ -184,6 +184,17 @@ def test_text_layer_backends_read_the_text_layer_not_the_rendering(mismatched_pd
         assert page.backend == "pdf-text"
         assert len(words & TEXT_LAYER_WORDS) >= 0.8 * len(TEXT_LAYER_WORDS), words
         assert not words & (RENDERED_WORDS - TEXT_LAYER_WORDS), words
+
+
+def test_auto_ocr_keeps_the_legible_text_layer(mismatched_pdf, tmp_path, monkeypatch):
+    """Where PyMuPDF's analysis asks for OCR, `auto` OCRs what the text layer does not cover and
+    keeps the legible text it has, unlike `--draft ocr`."""
+    import hsd_cli.stages.draft as draft_module
+
+    monkeypatch.setattr(draft_module, "analyze_page", lambda page: {"needs_ocr": True})
+    page = _draft_document(mismatched_pdf, DraftBackendName.AUTO, tmp_path)[1]
+    assert page.backend == "ocr"
+    assert len(_block_words(page.blocks) & TEXT_LAYER_WORDS) >= 0.8 * len(TEXT_LAYER_WORDS)
 
 
 @pytest.fixture(scope="module")

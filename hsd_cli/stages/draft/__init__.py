@@ -25,8 +25,8 @@ class DraftBackend(Protocol):
 
 class AutoDraft:
     """Per page: the text layer where it is usable, OCR where PyMuPDF's page analysis says it is
-    not, or where the text layer turns out to hold no text at all (image-only pages that the
-    analysis misjudges)."""
+    not (keeping what legible text the layer has), or where the text layer turns out to hold no
+    text at all (image-only pages that the analysis misjudges)."""
 
     name = "auto"
 
@@ -56,7 +56,7 @@ def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBacken
         case DraftBackendName.PADDLEOCR:
             return PaddleDraft(config.dpi)
         case _:
-            return AutoDraft(PdfTextDraft(), OcrDraft(config.dpi, config.max_pixels))
+            return AutoDraft(PdfTextDraft(), OcrDraft(config.dpi, config.max_pixels, keep_text_layer=True))
 
 
 def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:

@@ -8,6 +8,7 @@ from functools import cache
 
 import numpy as np
 import pymupdf
+from pymupdf4llm.ocr.exec_ocr_interface import exec_ocr_full
 
 from hsd_cli.records import BBox, Block
 from hsd_cli.stages.draft.layout import layout_blocks
@@ -87,18 +88,44 @@ def replace_text_layer(page: pymupdf.Page, lines: list[tuple[pymupdf.Rect, str, 
 class OcrDraft:
     """OCR on every page, whatever its text layer says: the page's rendering is recognised, its
     own text layer is replaced by the recognised lines (in memory only), then the layout model
-    groups them into typed blocks as for `pdf-text`."""
+    groups them into typed blocks as for `pdf-text`.
+
+    With `keep_text_layer` (how `auto` OCRs the pages PyMuPDF's analysis flags), legible text of
+    the layer stays and only the rest of the page (pictures of text, illegible glyphs) is OCR'd."""
 
     name = "ocr"
 
-    def __init__(self, dpi: int, max_pixels: int) -> None:
+    def __init__(self, dpi: int, max_pixels: int, keep_text_layer: bool = False) -> None:
         self.dpi = dpi
         self.max_pixels = max_pixels
+        self.keep_text_layer = keep_text_layer
 
     def blocks(self, page: pymupdf.Page) -> list[Block]:
         # Unrotated, the rendering's coordinates are the ones text is written in.
         page.remove_rotation()
-        lines = recognise_page(page, self.dpi, self.max_pixels)
-        replace_text_layer(page, lines)
-        boxes = [((r.x0, r.y0, r.x1, r.y1), score) for r, _, score in lines]
+        if self.keep_text_layer:
+            boxes = _ocr_around_text_layer(page, self.dpi)
+        else:
+            lines = recognise_page(page, self.dpi, self.max_pixels)
+            replace_text_layer(page, lines)
+            boxes = [((r.x0, r.y0, r.x1, r.y1), score) for r, _, score in lines]
         return layout_blocks(page, source=self.name, confidence=lambda bbox: _mean_score_inside(boxes, bbox))
+
+
+def _ocr_around_text_layer(page: pymupdf.Page, dpi: int) -> list[OcrLine]:
+    """pymupdf4llm's OCR of a page rendered without its legible text, written into the page."""
+    lines: list[OcrLine] = []
+    page_width = page.rect.width
+
+    def recognise(image: np.ndarray) -> list[tuple[list, str, float]]:
+        result = _engine()(image)
+        if result.boxes is None:
+            return []
+        to_points = page_width / image.shape[1]
+        for box, score in zip(result.boxes, result.scores):
+            xs, ys = [p[0] * to_points for p in box], [p[1] * to_points for p in box]
+            lines.append(((min(xs), min(ys), max(xs), max(ys)), float(score)))
+        return list(zip(result.boxes.tolist(), result.txts, result.scores))
+
+    exec_ocr_full(page, recognise, dpi=dpi, keep_ocr_text=False)
+    return lines
