@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymupdf
 
@@ -27,8 +27,10 @@ from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageIma
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
-from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET, VlmStages
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options, with_speedup
+
+if TYPE_CHECKING:
+    from hsd_cli.stages.vlm import VlmStages
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
@@ -135,6 +137,8 @@ def _convert_page(
         return failed_page(page, "error"), [f"page {page_no}: {error}"]
     result, image = drafted
     if vlm is not None:
+        from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
+
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
         debug_stall(task.doc, page_no, "vlm")
@@ -155,6 +159,17 @@ def _metadata(pdf: pymupdf.Document) -> dict[str, str]:
     return {key: pdf.metadata.get(key) or "" for key in keys} if pdf.metadata else {}
 
 
+def _vlm_stages(config: ConvertConfig) -> VlmStages | None:
+    """The VLM stages, or None for a draft-only run, whose worker then never imports torch and
+    transformers (180 MiB)."""
+    options = vlm_options(config)
+    if options is None:
+        return None
+    from hsd_cli.stages.vlm import VlmStages
+
+    return VlmStages.shared(options)
+
+
 def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResult, dict[int, str]]:
     """Convert the selected pages, resuming from checkpoints; returns the result and failed pages."""
     config = task.config
@@ -166,8 +181,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 DocStatus.SKIPPED, f"no page of --pages {config.pages} in this document ({pdf.page_count} pages)"
             )
         backend = make_draft_backend(config, task.doc.path.stem)
-        options = vlm_options(config)
-        vlm = VlmStages.shared(options) if options else None
+        vlm = _vlm_stages(config)
         warnings = [damage] if damage else []
         if pdf.is_repaired:
             warnings.append("the PDF was damaged and has been repaired")

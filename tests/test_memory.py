@@ -46,6 +46,33 @@ def test_the_parent_converts_without_loading_any_model_library(docs_dir, tmp_pat
         assert peaks["parent"] < peaks["worker"]  # measured where the models are
 
 
+def test_a_draft_only_worker_does_not_import_torch(docs_dir, tmp_path):
+    """What a worker runs for one document, with no VLM: torch and transformers stay out (180 MiB)."""
+    loaded = _python(
+        """
+        import json, sys
+        from pathlib import Path
+        from hsd_cli.config import ConvertConfig
+        from hsd_cli.inputs import assign_outputs, discover
+        from hsd_cli.pipeline import process_document
+        from hsd_cli.tasks import DocumentTask
+
+        out = Path(sys.argv[2])
+        docs = discover([sys.argv[1]], False).documents
+        task = DocumentTask(
+            doc=docs[0], outputs=assign_outputs(docs, out)[0], config=ConvertConfig(output_dir=out),
+            sha256="0" * 64, checkpoint_dir=out / "checkpoints",
+        )
+        outcome = process_document(task, lambda name, payload: None)
+        assert outcome.status.value == "ok", outcome.error
+        print(json.dumps(sorted(name for name in ("torch", "transformers") if name in sys.modules)))
+        """,
+        str(docs_dir / "report.pdf"),
+        str(tmp_path / "out"),
+    )
+    assert json.loads(loaded) == []
+
+
 @linux_only
 def test_large_freed_blocks_go_back_to_the_os():
     """After a 24 MiB block is freed glibc would serve 8 MiB blocks from the heap, and smaller
