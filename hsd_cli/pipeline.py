@@ -6,9 +6,11 @@ killed (timeout, crash, SIGKILL of the whole run) resumes at the page where it s
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import pickle
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -159,6 +161,21 @@ def _metadata(pdf: pymupdf.Document) -> dict[str, str]:
     return {key: pdf.metadata.get(key) or "" for key in keys} if pdf.metadata else {}
 
 
+def release_freed_memory() -> None:
+    """glibc: give the memory freed by a page's OCR back to the OS before the next page.
+
+    Without this the heap fragments (the OCR detector's tensors are tens of MiB each) and keeps
+    what it once held: a worker grew from 1.0 to 1.7 GB over 17 mixed documents. Trimming costs
+    milliseconds; serving large blocks by mmap instead (a fixed M_MMAP_THRESHOLD) bounds a little
+    lower but costs a third more CPU in page faults.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+
+
 def _vlm_stages(config: ConvertConfig) -> VlmStages | None:
     """The VLM stages, or None for a draft-only run, whose worker then never imports torch and
     transformers (180 MiB)."""
@@ -202,6 +219,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 result, page_warnings = _convert_page(task, pdf[index], backend, vlm, emit)
                 warnings.extend(page_warnings)
                 write_atomic(checkpoint, pickle.dumps(result))
+                release_freed_memory()
                 emit("page_done", {"page": page_no, "flags": list(result.flags)})
             if "failed" in result.flags:
                 failures[page_no] = result.flags[-1]

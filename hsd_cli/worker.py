@@ -23,7 +23,6 @@ from hsd_cli.tasks import DocumentOutcome, DocumentTask
 
 _CONTEXT = multiprocessing.get_context("spawn")  # no forked torch/onnxruntime thread state
 _PR_SET_PDEATHSIG = 1
-_M_MMAP_THRESHOLD = -3
 
 
 def _die_with_parent() -> None:
@@ -32,21 +31,6 @@ def _die_with_parent() -> None:
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except OSError:
-            pass
-
-
-def unmap_large_blocks_on_free() -> None:
-    """glibc: serve every allocation of 1 MiB or more with its own mapping, unmapped when freed.
-
-    By default glibc raises this threshold (up to 32 MiB) each time a large block is freed; from
-    then on the OCR detector's tens-of-MiB tensors come from the heap, which fragments and is
-    never given back, so the worker grew page after page (1.7 GB on a mixed batch). A fixed
-    threshold turns that adjustment off: the worker returns to its resting size after each page.
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
-        except (OSError, AttributeError):  # not glibc
             pass
 
 
@@ -73,7 +57,6 @@ def peak_rss_mib() -> int | None:
 
 def _worker_main(tasks: Any, events: Any) -> None:
     _die_with_parent()
-    unmap_large_blocks_on_free()
     # Imported here, in the worker only: the models and their libraries stay out of the parent.
     from hsd_cli.pipeline import process_document
 

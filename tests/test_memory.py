@@ -1,4 +1,4 @@
-"""Memory: the parent stays free of the models, the worker gives large blocks back, and every
+"""Memory: the parent stays free of the models, the worker gives freed memory back after each page, and every
 document reports the worker's peak memory."""
 
 from __future__ import annotations
@@ -74,19 +74,19 @@ def test_a_draft_only_worker_does_not_import_torch(docs_dir, tmp_path):
 
 
 @linux_only
-def test_large_freed_blocks_go_back_to_the_os():
-    """After a 24 MiB block is freed glibc would serve 8 MiB blocks from the heap, and smaller
-    live blocks between them keep that heap from shrinking: the worker's setting unmaps them."""
+def test_memory_freed_by_a_page_goes_back_to_the_os():
+    """After a 24 MiB block is freed glibc serves 8 MiB blocks from the heap, and smaller live
+    blocks between them keep that heap from shrinking: what the worker does after each page
+    gives their pages back."""
     retained = _python(
         """
         import ctypes
-        from hsd_cli.worker import unmap_large_blocks_on_free
+        from hsd_cli.pipeline import release_freed_memory
 
         def rss_mib():
             with open("/proc/self/status") as handle:
                 return next(int(line.split()[1]) // 1024 for line in handle if line.startswith("VmRSS:"))
 
-        unmap_large_blocks_on_free()
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
@@ -102,6 +102,7 @@ def test_large_freed_blocks_go_back_to_the_os():
             pins.append(libc.malloc(200 << 10))
         for block in blocks:
             libc.free(block)
+        release_freed_memory()
         print(rss_mib() - before)
         """
     )
