@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 import hsd_cli
+import hsd_cli.configs
 from hsd_cli.models.settings import ModelSettingsError, all_settings, settings_for
 from tests.conftest import run_hsd
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 # The settings files a contributor edits; the installed package must ship every one of them.
-CHECKOUT_FAMILIES = sorted(path.stem for path in (CHECKOUT / "hsd_cli" / "configs" / "models").glob("*.toml"))
+CHECKOUT_FAMILIES = sorted(path.stem for path in (CHECKOUT / "configs" / "models").glob("*.toml"))
 
 
 @pytest.fixture(autouse=True)
@@ -74,10 +75,11 @@ def test_models_reports_what_the_hf_cache_holds(tmp_path):
 def test_hsd_models_lists_every_family_from_the_installed_package(user_config_home):
     listing = hsd_models_json({**os.environ, "XDG_CONFIG_HOME": str(user_config_home)})
     assert [f["family"] for f in listing["families"]] == CHECKOUT_FAMILIES
-    package_dir = Path(hsd_cli.__file__).resolve().parent
+    # The wheel's hsd_cli/configs/models, or the checkout's configs/models in an editable install.
+    packaged_dir = Path(hsd_cli.configs.__file__).resolve().parent / "models"
     for family in listing["families"]:
         assert family["settings_from"] == "packaged"
-        assert Path(family["settings"]).resolve() == package_dir / "configs" / "models" / f"{family['family']}.toml"
+        assert Path(family["settings"]).resolve() == packaged_dir / f"{family['family']}.toml"
     assert [s.family for s in all_settings()] == CHECKOUT_FAMILIES
 
 

@@ -1,7 +1,8 @@
 """Per-family VLM settings: one `<model_type>.toml` per family, `default.toml` for the rest.
 
-The files ship inside the package (`hsd_cli/configs/models/`), read through importlib.resources
-so that wheel and editable installs find them alike. A file in the user's directory
+The files are edited in the checkout's `configs/models/` and ship as the package
+`hsd_cli.configs` (pyproject.toml maps the directory), read through importlib.resources so that
+wheel and editable installs find them alike. A file in the user's directory
 (`$XDG_CONFIG_HOME/hsd/models/`, default `~/.config/hsd/models/`) replaces the packaged file of
 the same name whole, or adds a family.
 """
@@ -15,7 +16,7 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-PACKAGED_DIR: Traversable = files("hsd_cli") / "configs" / "models"
+PACKAGED_DIR: Traversable = files("hsd_cli.configs") / "models"
 DRAFT_MATCHES = ("chars", "tokens")
 # TOML value types for the field annotations below (strings: annotations are postponed).
 TOML_TYPES = {"str": str, "int": int, "tuple[str, ...]": list}
