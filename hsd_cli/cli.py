@@ -101,7 +101,7 @@ def convert(
     ] = 4_194_304,
     draft: Annotated[
         DraftBackendName,
-        typer.Option(envvar=_env("draft"), help="Draft backend; auto = text layer, else OCR, per page."),
+        typer.Option(envvar=_env("draft"), help="Draft backend; auto = legible text layer, OCR for the rest, per page; ocr = OCR every page."),
     ] = DraftBackendName.AUTO,
     draft_json: Annotated[
         Path | None,
@@ -227,6 +227,7 @@ def convert(
         if problem := _model_directory_problem(options.model):
             reporter.error(problem, "give a local model directory, or a hub id that is in the HF cache")
             raise typer.Exit(ExitCode.ENVIRONMENT)
+        from hsd_cli.models.settings import ModelSettingsError
         from hsd_cli.stages.vlm import ModelUnavailableError, preflight
 
         try:
@@ -234,6 +235,9 @@ def convert(
         except ModelUnavailableError as exc:
             reporter.error(str(exc), exc.hint)
             raise typer.Exit(ExitCode.ENVIRONMENT) from None
+        except ModelSettingsError as exc:
+            reporter.error(str(exc), "fix or remove it; `hsd models` shows which settings file each family uses")
+            raise typer.Exit(ExitCode.USAGE) from None
         if not quiet:
             console.print(f"VLM: {model} ({family}), stages {stages.value}", highlight=False)
 
@@ -266,8 +270,6 @@ def models(
     json: Annotated[bool, typer.Option("--json", help="Print the list as JSON on stdout.")] = False,
 ) -> None:
     """List the model families hsd has settings for, their known models and whether each is present."""
-    import os
-
     from hsd_cli.models.settings import (
         PACKAGED_DIR,
         ModelSettingsError,

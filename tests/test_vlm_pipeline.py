@@ -88,6 +88,18 @@ def test_missing_model_is_an_environment_error(docs_dir, tmp_path):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_a_broken_settings_file_for_the_models_family_ends_the_run_before_any_work(tiny_model, docs_dir, tmp_path, monkeypatch):
+    settings_dir = tmp_path / "config-home" / "hsd" / "models"
+    settings_dir.mkdir(parents=True)
+    (settings_dir / "qwen2_5_vl.toml").write_text('family = "qwen2_5_vl"\n', encoding="utf-8")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))
+    result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", tiny_model)
+    assert result.exit_code == 2, result.stderr
+    assert "qwen2_5_vl.toml" in result.stderr and "missing key(s) description" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
 def test_vlm_stages_without_a_model_are_a_usage_error(docs_dir, tmp_path):
     assert run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, "--stages", "page").exit_code == 2
 

@@ -139,7 +139,7 @@ def build_command(
         ),
         resume=resume,
     )
-    _stderr.print(f"building replay model {name} in {model_dir}")
+    _stderr.print(f"building replay model {name} in {model_dir}", markup=False)
     try:
         record = build(request, log=lambda message: _stderr.print(message, markup=False))
     except (ReplayInputError, ValueError) as exc:
@@ -147,7 +147,7 @@ def build_command(
     scores = record.get("eval", {})
     _stderr.print(
         f"done, whole build {record['build_seconds'] / 60:.1f} min: page accuracy {scores.get('page_char_accuracy')}, "
-        f"crop accuracy {scores.get('crop_char_accuracy')}; card: {model_dir / 'README.md'}"
+        f"crop accuracy {scores.get('crop_char_accuracy')}; card: {model_dir / 'README.md'}", markup=False,
     )
     training = record["training"]
     if training["stop_reason"] != "done":
@@ -192,7 +192,7 @@ def eval_command(
         sys.stdout.write(json.dumps(scores) + "\n")
     else:
         for key, value in scores.items():
-            _stderr.print(f"{key}: {value}")
+            _stderr.print(f"{key}: {value}", markup=False)
 
 
 @replay_app.command("status")

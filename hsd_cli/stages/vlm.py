@@ -68,7 +68,9 @@ class ModelUnavailableError(RuntimeError):
 
 def preflight(options: VlmOptions) -> str:
     """Check, without loading weights, that the model resolves, the device exists and the
-    installed transformers is one the decoder knows; returns the model family (`model_type`)."""
+    installed transformers is one the decoder knows; returns the model family (`model_type`).
+    A family settings file that cannot be used raises ModelSettingsError here, once, rather than
+    failing every page in the workers."""
     import torch
 
     try:
@@ -82,10 +84,12 @@ def preflight(options: VlmOptions) -> str:
     if device == "mps" and not torch.backends.mps.is_available():
         raise ModelUnavailableError("--device mps: MPS is not available", hint=None)
     try:
-        return model_type_of(options.model)
+        family = model_type_of(options.model)
     except (OSError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelUnavailableError(f"cannot load model {options.model!r}: {first_line}") from None
+    settings_for(family)
+    return family
 
 
 def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]) -> list[tuple[Block, bool]]:
