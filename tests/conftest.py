@@ -10,6 +10,15 @@ from hsd_cli.cli import app
 from tests import fixtures
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_user_config(tmp_path_factory):
+    """A developer's own ~/.config/hsd (config.toml, model settings) must not change what the tests
+    see; session-scoped, so the session fixtures' conversions are isolated too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config-home")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def docs_dir(tmp_path_factory) -> Path:
     """A born-digital PDF and its degraded scan, made once per session."""

@@ -2,12 +2,11 @@
 left-padded batch, every tree node's logits must equal the model's own forward over the row's
 prompt + committed tokens + the node's path. A commit that keeps the wrong slots must fail this."""
 
-import torch
 
 from hsd_cli.decoding.hf_adapter import HFTarget
 from hsd_cli.decoding.tree import TokenTree, batch_trees
 
-from .test_exactness import SAME_LOGITS
+from .test_exactness import SAME_LOGITS, full_forward_logits
 
 #        0
 #      /   \
@@ -34,18 +33,6 @@ def path_tokens(tree: TokenTree, node: int) -> list[int]:
         path.append(tree.tokens[node])
         node = tree.parents[node]
     return path[::-1]
-
-
-def plain_logits(target, image, prompt, tokens):
-    """No cache, no custom mask or positions: the model's own forward over prompt + tokens."""
-    inputs = target.inputs([image], [prompt])
-    extra = torch.tensor([tokens])
-    inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
-    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(extra)], 1)
-    if "mm_token_type_ids" in inputs:
-        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
-    with torch.inference_mode():
-        return target.model(**inputs).logits[0, -1].float()
 
 
 class CountingTarget(HFTarget):
@@ -89,7 +76,7 @@ def largest_logit_error(target, images) -> float:
         logits = target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors)
         for row, tree in enumerate(trees):
             for node in range(len(tree)):
-                expected = plain_logits(target, images[row], PROMPTS[row], committed[row] + path_tokens(tree, node))
+                expected = full_forward_logits(target, images[row], committed[row] + path_tokens(tree, node), PROMPTS[row])
                 error = max(error, (logits[row, node] - expected).abs().max().item())
         if kept is not None:
             target.commit(state, batch.width, kept)

@@ -159,16 +159,22 @@ def tree_logits(target, image, tree):
     return target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)[0]
 
 
-def full_forward_logits(target, image, path_tokens):
-    """No cache, no custom mask or positions: the model's own forward over prompt + path."""
-    inputs = target.inputs([image], [PROMPT])
-    extra = torch.tensor([path_tokens])
+def full_forward_logits(target, image, tokens, prompt=PROMPT):
+    """No cache, no custom mask or positions: the model's own forward over prompt + tokens; the
+    logits of the last position."""
+    return full_forward_all_logits(target, image, tokens, prompt)[-1]
+
+
+def full_forward_all_logits(target, image, tokens, prompt=PROMPT):
+    """The model's own forward over prompt + tokens: the logits of every position, in fp32."""
+    inputs = target.inputs([image], [prompt])
+    extra = torch.tensor([tokens])
     inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
     inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(extra)], 1)
     if "mm_token_type_ids" in inputs:
         inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
     with torch.inference_mode():
-        return target.model(**inputs).logits[0, -1].float()
+        return target.model(**inputs).logits[0].float()
 
 
 def path_to(tree, node):

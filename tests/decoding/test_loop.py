@@ -10,6 +10,8 @@ from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, RepetitionGuard, 
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.verify import SamplingConfig
 
+from .test_exactness import full_forward_all_logits
+
 PROMPT = "Transcribe the text."
 LENGTH = 120
 GREEDY = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None)
@@ -128,14 +130,7 @@ def test_text_drafts_with_other_markup(tiny_target, page_image):
 
 
 def teacher_forced_probs(target, image, tokens):
-    inputs = target.inputs([image], [PROMPT])
-    extra = torch.tensor([tokens])
-    inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
-    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(extra)], 1)
-    if "mm_token_type_ids" in inputs:
-        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
-    with torch.inference_mode():
-        logits = target.model(**inputs).logits[0].float()
+    logits = full_forward_all_logits(target, image, tokens, PROMPT)
     start = logits.shape[0] - len(tokens) - 1
     return logits[start:-1].softmax(-1)
 
