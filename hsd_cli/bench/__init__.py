@@ -2,9 +2,10 @@
 
 import typer
 
+from .acceptance import acceptance
 from .decode import decode
 
-bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding.", no_args_is_help=True)
+bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding, and acceptance in a real model's tokens.", no_args_is_help=True)
 
 
 @bench_app.callback()
@@ -13,3 +14,4 @@ def bench() -> None:
 
 
 bench_app.command("decode")(decode)
+bench_app.command("acceptance")(acceptance)

@@ -1,0 +1,108 @@
+"""`hsd bench acceptance`: the forwards a real model's lossless greedy decoding takes on hsd's
+drafts, computed exactly from that model's published outputs and its tokenizer (`oracle.py`),
+on pages drafted as `hsd convert` drafts them. Heavy imports wait for the command to run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from hsd_cli.bench.oracle import BenchPage
+
+# The draft backend that drafted a page says what kind of page it is.
+PAGE_KINDS = {"pdf-text": "born-digital", "ocr": "scan"}
+
+
+def draft_bench_pages(outputs: Path, inputs: Path, log) -> list[BenchPage]:
+    """Every page with a published output, drafted as `hsd convert` drafts it (default settings)."""
+    from hsd_cli.bench.oracle import BenchPage
+    from hsd_cli.config import ConvertConfig
+    from hsd_cli.inputs import sniff_kind
+    from hsd_cli.replay.dataset import pair_pages
+    from hsd_cli.stages.draft import draft_page, make_draft_backend
+    from hsd_cli.stages.rasterize import open_document
+    from hsd_cli.stages.vlm import draft_plan
+
+    pairs, unmatched = pair_pages(outputs, inputs)
+    for name in unmatched:
+        log(f"warning: {name}: no document for this output in {inputs}; left out")
+    defaults = ConvertConfig(output_dir=outputs)
+    pages = []
+    for pair in pairs:
+        output = pair.output.read_text(encoding="utf-8").strip()
+        document, _ = open_document(pair.document, sniff_kind(pair.document), None)
+        with document:
+            draft = draft_page(make_draft_backend(defaults, pair.document.stem), document[pair.page_no - 1])
+        # As the page stage drafts without a region pass (--stages page).
+        drafts = tuple(block.text for block, _ in draft_plan(draft.blocks, lambda block: False))
+        page_id = f"{pair.document.relative_to(inputs)}:{pair.page_no}"
+        pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts))
+        log(f"{page_id}: {draft.backend} draft, {len(drafts)} blocks, {len(output)} output chars")
+    return pages
+
+
+def print_table(report: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("arm", "pages", "tokens", "forwards", "tau", *(f"tau {kind}" for kind in sorted(
+        {kind for arm in report["arms"].values() for kind in arm["kinds"]}
+    ))):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for name, arm in report["arms"].items():
+        kinds = [f"{k['tau']:.2f} ({k['pages']})" for _, k in sorted(arm["kinds"].items())]
+        table.add_row(name, str(arm["pages"]), str(arm["tokens"]), str(arm["forwards"]), f"{arm['tau']:.2f}", *kinds)
+    Console(stderr=True).print(table)
+
+
+def acceptance(
+    outputs: Annotated[Path, typer.Option(help="A real model's published outputs (Markdown, named as for replay-model build).")],
+    inputs: Annotated[Path, typer.Option(help="The documents those outputs were made from.")],
+    tokenizer: Annotated[str, typer.Option(help="That model's tokenizer: a local directory or a hub id in the HF cache.")],
+    family: Annotated[str, typer.Option(help="Model family whose settings (draft matching, token budget) apply.")] = "qwen2_5_vl",
+    end_token: Annotated[
+        str | None, typer.Option(help="The token that ends the model's answer (default: the tokenizer's eos token).")
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Acceptance in a real model's tokens: forwards and tau of lossless greedy decoding on hsd's
+    drafts, computed exactly from published outputs (no model runs)."""
+    from transformers import AutoTokenizer
+
+    from hsd_cli.bench.oracle import run_acceptance
+    from hsd_cli.decoding import DecodeConfig
+    from hsd_cli.models.settings import ModelSettingsError, settings_for
+
+    for option, path in (("--outputs", outputs), ("--inputs", inputs)):
+        if not path.is_dir():
+            raise typer.BadParameter(f"{path} is not a directory", param_hint=option)
+    try:
+        settings = settings_for(family)
+        loaded = AutoTokenizer.from_pretrained(tokenizer)
+    except (OSError, ValueError, ModelSettingsError) as exc:
+        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    end = end_token or loaded.eos_token
+    stop_token_id = loaded.convert_tokens_to_ids(end) if end else None
+    if stop_token_id is None or stop_token_id == loaded.unk_token_id:
+        raise typer.BadParameter(f"{end!r} is not a token of {tokenizer}", param_hint="--end-token")
+    pages = draft_bench_pages(outputs, inputs, log=lambda message: print(message, file=sys.stderr))
+    if not pages:
+        print(f"error: no output in {outputs} belongs to a document in {inputs}", file=sys.stderr)
+        raise typer.Exit(2)
+    config = DecodeConfig(max_new_tokens=settings.max_new_tokens)
+    report = run_acceptance(pages, loaded, stop_token_id, settings.draft_match, config)
+    report.update(
+        outputs=str(outputs), inputs=str(inputs), tokenizer=tokenizer, family=settings.family,
+        family_match=settings.draft_match, end_token=end, max_new_tokens=settings.max_new_tokens,
+    )
+    print_table(report, f"hsd bench acceptance: {outputs.name}, {len(pages)} pages, {tokenizer}")
+    if json_output:
+        print(json.dumps(report, ensure_ascii=False))

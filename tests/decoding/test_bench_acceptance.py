@@ -1,0 +1,113 @@
+"""`hsd bench acceptance`: the oracle target must make the decoding loop count exactly the forwards
+the model takes, and the command must report every arm per page kind."""
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from hsd_cli.bench import bench_app
+from hsd_cli.bench.oracle import OracleTarget, simulate
+from hsd_cli.decoding.hf_adapter import load_target
+from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch
+from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
+from hsd_cli.models.tiny import build_tiny_random
+from tests import fixtures
+
+from .test_exactness import PROMPT, edit
+
+STOP = 99
+
+
+class NumberTokenizer:
+    """A hundred tokens written as their numbers: the tests hand the proposer token lists."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def decode(self, tokens, skip_special_tokens=True) -> str:
+        return " ".join(map(str, tokens))
+
+
+def oracle_decode(answer, drafts):
+    target = OracleTarget(NumberTokenizer(), {"page": answer}, [STOP])
+    proposer = DraftProposer(drafts) if drafts else NoDraftProposer()
+    return decode_batch(target, [DecodeRequest(None, "page", proposer)], DecodeConfig(max_new_tokens=64))[0]
+
+
+def test_without_drafts_the_oracle_takes_one_forward_per_token():
+    answer = [5, 17, 23, 8, 42, 11, STOP]
+    result = oracle_decode(answer, [])
+    assert result.tokens == answer and result.stop_reason == "eos"
+    assert result.stats.forwards == len(answer)
+
+
+def test_a_draft_of_the_whole_answer_is_accepted_in_one_step():
+    answer = [5, 17, 23, 8, 42, 11, 30, 31, STOP]
+    result = oracle_decode(answer, [answer[:-1]])
+    assert result.tokens == answer
+    assert result.stats.forwards == 2  # the prefill's token, then every draft token + the stop as bonus
+    assert result.stats.accepted == len(answer) - 2
+
+
+def test_a_wrong_draft_token_ends_the_accepted_path_there():
+    answer = [5, 17, 23, 8, 42, 11, 30, 31, STOP]
+    result = oracle_decode(answer, [[5, 17, 23, 60, 42, 11, 30, 31]])
+    assert result.tokens == answer
+    assert result.stats.accepted_hist.get(2) == 1, "17, 23 accepted, then 8 where the draft has 60"
+
+
+@pytest.fixture(scope="module")
+def qwen_target(tmp_path_factory):
+    model_dir = build_tiny_random("qwen2_5_vl", tmp_path_factory.mktemp("oracle_qwen2_5_vl"))
+    return load_target(str(model_dir), device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize("match", ["tokens", "chars"])
+def test_the_oracle_counts_exactly_the_forwards_the_model_takes(qwen_target, page_image, match):
+    config = DecodeConfig(max_new_tokens=96)
+    reference = decode(qwen_target, page_image, PROMPT, [], config).tokens
+    drafts = [
+        qwen_target.decode(edit(reference[:50], 3, substitute=0.1, insert=0.05, delete=0.05)),
+        qwen_target.decode(reference[40:]),
+    ]
+    model = decode(qwen_target, page_image, PROMPT, drafts, config, match=match)
+    assert model.tokens == reference and model.stats.accepted > 10
+    oracle = OracleTarget(qwen_target.tokenizer, {"page": reference}, qwen_target.stop_token_ids)
+    simulated = simulate(oracle, "page", drafts, match, config)
+    assert simulated.forwards == model.stats.forwards
+    assert simulated.accepted_hist == model.stats.accepted_hist
+    assert simulated.proposed == model.stats.proposed
+
+
+def test_bench_acceptance_reports_every_arm_by_page_kind(qwen_target, docs_dir, tmp_path):
+    inputs, outputs = tmp_path / "pdfs", tmp_path / "outputs"
+    inputs.mkdir(), outputs.mkdir()
+    for name in ("report.pdf", "scan.pdf"):
+        shutil.copy(docs_dir / name, inputs / name)
+    items = "\n".join(f"- {item}" for item in fixtures.LIST_ITEMS)
+    published = (
+        f"# {fixtures.TITLE}\n\n## {fixtures.SECTION}\n\n{fixtures.LEFT_COLUMN}\n\n{fixtures.RIGHT_COLUMN}\n\n{items}"
+    )
+    for stem in ("report", "scan"):
+        (outputs / f"{stem}_pg1_repeat1.md").write_text(published, encoding="utf-8")
+    (outputs / "elsewhere_pg1_repeat1.md").write_text("no document for this one", encoding="utf-8")
+    tokenizer_dir = tmp_path / "tokenizer"
+    qwen_target.tokenizer.save_pretrained(tokenizer_dir)
+
+    args = ["acceptance", "--outputs", outputs, "--inputs", inputs, "--tokenizer", tokenizer_dir, "--json"]
+    result = CliRunner().invoke(bench_app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert "elsewhere_pg1_repeat1.md: no document" in result.stderr
+    tokens = len(qwen_target.encode(published)) + 1  # the end-of-turn token ends the answer
+    assert set(report["arms"]) == {"page", "page-tokens", "page-chars", "spans"}
+    assert [(p["page"], p["kind"]) for p in report["pages"]] == [("report.pdf:1", "born-digital"), ("scan.pdf:1", "scan")]
+    for arm in report["arms"].values():
+        assert arm["pages"] == 2 and arm["tokens"] == 2 * tokens
+        assert {kind: figures["tokens"] for kind, figures in arm["kinds"].items()} == {"born-digital": tokens, "scan": tokens}
+    page = report["arms"]["page"]
+    assert page == report["arms"]["page-chars"], "qwen2_5_vl matches drafts by characters"
+    assert page["forwards"] < page["tokens"] / 2, "the text-layer drafts are the page's own words"
+    assert report["arms"]["spans"]["tau"] > page["tau"], "the output's own paragraphs are the ceiling"
