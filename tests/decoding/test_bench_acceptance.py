@@ -21,19 +21,19 @@ STOP = 99
 
 
 class NumberTokenizer:
-    """A hundred tokens written as their numbers: the tests hand the proposer token lists."""
-
-    def __len__(self) -> int:
-        return 100
+    """Tokens written as their numbers: the tests hand the proposer token lists themselves."""
 
     def decode(self, tokens, skip_special_tokens=True) -> str:
         return " ".join(map(str, tokens))
 
 
 def oracle_decode(answer, drafts):
+    """Decode with the oracle; the result's tokens in the tokenizer's numbering."""
     target = OracleTarget(NumberTokenizer(), {"page": answer}, [STOP])
-    proposer = DraftProposer(drafts) if drafts else NoDraftProposer()
-    return decode_batch(target, [DecodeRequest(None, "page", proposer)], DecodeConfig(max_new_tokens=64))[0]
+    proposer = DraftProposer([target.oracle_ids(draft) for draft in drafts]) if drafts else NoDraftProposer()
+    result = decode_batch(target, [DecodeRequest(None, "page", proposer)], DecodeConfig(max_new_tokens=64))[0]
+    result.tokens = target.tokenizer_ids(result.tokens)
+    return result
 
 
 def test_without_drafts_the_oracle_takes_one_forward_per_token():
