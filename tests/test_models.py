@@ -109,6 +109,8 @@ def test_user_settings_replace_a_family_whole_and_add_new_ones(user_config_home)
         ({"page_promt": "typo"}, "unknown key(s) page_promt"),
         ({"max_new_tokens": "many"}, "max_new_tokens must be a TOML int"),
         ({"draft_match": "words"}, "draft_match must be one of chars, tokens"),
+        ({"table_format": "latex"}, "table_format must be one of either, html, pipe"),
+        ({"line_breaks": "wrapped"}, "line_breaks must be one of joined, kept"),
         ({"family": "qwen3_vl"}, "family must be 'qwen2_vl'"),
     ],
 )

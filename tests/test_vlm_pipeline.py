@@ -145,7 +145,7 @@ def test_an_empty_model_page_falls_back_to_its_draft_and_keeps_what_the_model_sa
 
 def test_figure_text_drafts_the_page_without_a_region_pass_and_furniture_drafts_nothing():
     from hsd_cli.records import Block, BlockKind
-    from hsd_cli.stages.vlm import draft_plan
+    from hsd_cli.stages.dialect import draft_plan
 
     def block(kind: BlockKind, text: str) -> Block:
         return Block(kind.value + text, kind, (0.0, 0.0, 10.0, 10.0), 0, text, None, "ocr")

@@ -14,20 +14,22 @@ import typer
 
 if TYPE_CHECKING:
     from hsd_cli.bench.oracle import BenchPage
+    from hsd_cli.models.settings import ModelSettings
 
 # The draft backend that drafted a page says what kind of page it is.
 PAGE_KINDS = {"pdf-text": "born-digital", "ocr": "scan"}
 
 
-def draft_bench_pages(outputs: Path, inputs: Path, log) -> list[BenchPage]:
-    """Every page with a published output, drafted as `hsd convert` drafts it (default settings)."""
+def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log) -> list[BenchPage]:
+    """Every page with a published output, drafted as `hsd convert` drafts it (default settings)
+    and written in the family's dialect as the page stage writes its drafts."""
     from hsd_cli.bench.oracle import BenchPage
     from hsd_cli.config import ConvertConfig
     from hsd_cli.inputs import sniff_kind
     from hsd_cli.replay.dataset import pair_pages
     from hsd_cli.stages.draft import draft_page, make_draft_backend
+    from hsd_cli.stages.dialect import page_drafts
     from hsd_cli.stages.rasterize import open_document
-    from hsd_cli.stages.vlm import draft_plan
 
     pairs, unmatched = pair_pages(outputs, inputs)
     for name in unmatched:
@@ -39,8 +41,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, log) -> list[BenchPage]:
         document, _ = open_document(pair.document, sniff_kind(pair.document), None)
         with document:
             draft = draft_page(make_draft_backend(defaults, pair.document.stem), document[pair.page_no - 1])
-        # As the page stage drafts without a region pass (--stages page).
-        drafts = tuple(block.text for block, _ in draft_plan(draft.blocks, lambda block: False))
+        drafts = tuple(page_drafts(draft.blocks, settings))  # as --stages page drafts
         page_id = f"{pair.document.relative_to(inputs)}:{pair.page_no}"
         pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts))
         log(f"{page_id}: {draft.backend} draft, {len(drafts)} blocks, {len(output)} output chars")
@@ -93,7 +94,7 @@ def acceptance(
     stop_token_id = loaded.convert_tokens_to_ids(end) if end else None
     if stop_token_id is None or stop_token_id == loaded.unk_token_id:
         raise typer.BadParameter(f"{end!r} is not a token of {tokenizer}", param_hint="--end-token")
-    pages = draft_bench_pages(outputs, inputs, log=lambda message: print(message, file=sys.stderr))
+    pages = draft_bench_pages(outputs, inputs, settings, log=lambda message: print(message, file=sys.stderr))
     if not pages:
         print(f"error: no output in {outputs} belongs to a document in {inputs}", file=sys.stderr)
         raise typer.Exit(2)

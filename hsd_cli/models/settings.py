@@ -18,6 +18,13 @@ from pathlib import Path
 
 PACKAGED_DIR: Traversable = files("hsd_cli.configs") / "models"
 DRAFT_MATCHES = ("chars", "tokens")
+# Keys with a fixed set of values (the first is the default where the key may be left out).
+CHOICES = {
+    "draft_match": DRAFT_MATCHES,
+    "table_format": ("either", "html", "pipe"),
+    "emphasis": ("keep", "strip"),
+    "line_breaks": ("joined", "kept"),
+}
 # TOML value types for the field annotations below (strings: annotations are postponed).
 TOML_TYPES = {"str": str, "int": int, "tuple[str, ...]": list}
 
@@ -36,6 +43,10 @@ class ModelSettings:
     region_padding_px: int
     max_new_tokens: int
     known_ids: tuple[str, ...] = ()
+    # The family's dialect, for drafts written the way its models write (stages/dialect.py):
+    table_format: str = "either"  # html, pipe, or either (both forms drafted)
+    emphasis: str = "keep"  # keep or strip the text layer's *italic* and **bold** marks
+    line_breaks: str = "joined"  # joined: a paragraph on one line; kept: as the page wraps it
 
 
 @dataclass(frozen=True)
@@ -72,8 +83,9 @@ def problems_in(data: dict, family: str) -> list[str]:
     for name, value in data.items():
         if name in known and type(value) is not TOML_TYPES[known[name].type]:
             problems.append(f"{name} must be a TOML {TOML_TYPES[known[name].type].__name__}")
-    if data.get("draft_match", DRAFT_MATCHES[0]) not in DRAFT_MATCHES:
-        problems.append(f"draft_match must be one of {', '.join(DRAFT_MATCHES)}")
+    for name, choices in CHOICES.items():
+        if data.get(name, choices[0]) not in choices:
+            problems.append(f"{name} must be one of {', '.join(choices)}")
     if data.get("family", family) != family:
         problems.append(f"family must be {family!r}, the file's name")
     return problems

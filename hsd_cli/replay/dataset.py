@@ -20,7 +20,7 @@ from hsd_cli.replay.align import locate
 from hsd_cli.replay.fingerprint import PageFingerprint, fingerprint
 from hsd_cli.stages.draft import draft_page, make_draft_backend
 from hsd_cli.stages.rasterize import crop_block, open_document, render_page
-from hsd_cli.stages.vlm import draft_plan
+from hsd_cli.stages.dialect import draft_plan
 
 # `<stem>_pg<N>_repeat<K>.md` (olmOCR-Bench candidates) or `<stem>.md` (page 1 of `<stem>`).
 _REPEAT = re.compile(r"^(?P<name>.+?)(?:_repeat(?P<repeat>\d+))?$")

@@ -24,15 +24,11 @@ from hsd_cli.decoding import (
     load_target,
 )
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
-from hsd_cli.records import Block, BlockKind, PageImage
+from hsd_cli.records import Block, PageImage
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
+from hsd_cli.stages.dialect import block_drafts, draft_plan
 from hsd_cli.stages.rasterize import crop_block
 
-# Running headers and footers are left out of page outputs, so they are no drafts at all.
-NOT_DRAFT_KINDS = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}
-# A figure's text (chart labels from the text layer, a page of notes the layout model took for a
-# picture) can be in the page output, so it is a page draft; its crop is not worth a region pass.
-NO_REGION_KINDS = NOT_DRAFT_KINDS | {BlockKind.FIGURE}
 REGION_BATCH = 8
 # Flag of a page that a replay model (a benchmark stand-in) was not built on.
 OUTSIDE_REPLAY_SET = "outside_replay_set"
@@ -92,16 +88,6 @@ def preflight(options: VlmOptions) -> str:
     return family
 
 
-def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]) -> list[tuple[Block, bool]]:
-    """The blocks whose text drafts the page, in reading order, each with whether it gets a region
-    pass first."""
-    return [
-        (block, block.kind not in NO_REGION_KINDS and wants_region(block))
-        for block in blocks
-        if block.text and block.kind not in NOT_DRAFT_KINDS
-    ]
-
-
 class VlmStages:
     """One loaded model, reused for every page a worker converts."""
 
@@ -123,23 +109,26 @@ class VlmStages:
     def page_drafts(
         self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]
     ) -> tuple[list[str], list[DecodeResult]]:
-        """One draft per `draft_plan` block: its region output where a region pass runs, else its
-        pipeline text. Region crops are decoded in batches, each verifying its block."""
-        drafts: list[str] = []
+        """Per `draft_plan` block: its region output where a region pass runs, else its pipeline
+        text in the family's dialect (alternatives included). Region crops are decoded in batches,
+        each verifying its block's dialect drafts."""
+        per_block: list[list[str]] = []
         items, slots = [], []
         for block, region in draft_plan(blocks, wants_region):
+            texts = block_drafts(block, self.settings)
             crop = crop_block(image, block.bbox, self.settings.region_padding_px) if region else None
             if crop is not None:
-                items.append((crop, self.settings.region_prompt, [block.text]))
-                slots.append(len(drafts))
-            drafts.append(block.text)
+                items.append((crop, self.settings.region_prompt, texts))
+                slots.append(len(per_block))
+            per_block.append(texts)
         results = decode_many(
             self.target, items, self.decode_config, match=self.settings.draft_match, batch_size=REGION_BATCH
         )
         for slot, result in zip(slots, results, strict=True):
-            # A looping region is cut and its pipeline draft stands in for it.
+            # A looping region is cut and its pipeline drafts stand in for it.
             if result.stop_reason != "repetition" and result.text.strip():
-                drafts[slot] = result.text
+                per_block[slot] = [result.text]
+        drafts = [text for texts in per_block for text in texts]
         return drafts, results
 
     def page(

@@ -108,6 +108,6 @@ def test_bench_acceptance_reports_every_arm_by_page_kind(qwen_target, docs_dir, 
         assert arm["pages"] == 2 and arm["tokens"] == 2 * tokens
         assert {kind: figures["tokens"] for kind, figures in arm["kinds"].items()} == {"born-digital": tokens, "scan": tokens}
     page = report["arms"]["page"]
-    assert page == report["arms"]["page-chars"], "qwen2_5_vl matches drafts by characters"
+    assert page == report["arms"]["page-tokens"], "qwen2_5_vl matches drafts by tokens"
     assert page["forwards"] < page["tokens"] / 2, "the text-layer drafts are the page's own words"
     assert report["arms"]["spans"]["tau"] > page["tau"], "the output's own paragraphs are the ceiling"

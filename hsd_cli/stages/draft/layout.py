@@ -10,6 +10,7 @@ import contextlib
 import io
 import logging
 import re
+import unicodedata
 from collections.abc import Callable
 
 import numpy as np
@@ -42,9 +43,24 @@ _KINDS = {
 _HEADING_MARKS = re.compile(r"^#{1,6}\s+")
 _PICTURE_COMMENTS = re.compile(r"<!-- (Start|End) of picture text -->")
 _BR = re.compile(r"<br\s*/?>")
+# TeX-made text layers write an accented letter as a spacing accent then the letter ("J´an");
+# the combining accent after the letter composes to the one character a model writes ("Ján").
+# (No backtick: it opens code spans.)
+_COMBINING = {"´": "\u0301", "ˆ": "\u0302", "¨": "\u0308", "˜": "\u0303", "ˇ": "\u030c",
+              "¸": "\u0327", "˘": "\u0306", "˙": "\u0307", "˚": "\u030a"}
+_SPACING_ACCENT = re.compile(f"([{''.join(_COMBINING)}])([A-Za-z])")
+SOFT_HYPHEN = "\u00ad"
+
+
+def _repair_text_layer(text: str) -> str:
+    """Accents composed with their letters; soft hyphens (invisible unless a line breaks there) out."""
+    text = _SPACING_ACCENT.sub(
+        lambda m: unicodedata.normalize("NFC", m.group(2) + _COMBINING[m.group(1)]), text
+    )
+    return text.replace(SOFT_HYPHEN, "")
 
 def _clean_block_text(kind: BlockKind, markdown: str) -> str:
-    text = markdown.strip()
+    text = _repair_text_layer(markdown.strip())
     if kind in (BlockKind.TITLE, BlockKind.SECTION_HEADER):
         text = _HEADING_MARKS.sub("", text)
         if text.startswith("**") and text.endswith("**") and text.count("**") == 2:

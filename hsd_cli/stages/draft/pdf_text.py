@@ -6,6 +6,7 @@ import pymupdf
 
 from hsd_cli.records import Block
 from hsd_cli.stages.draft.layout import layout_blocks
+from hsd_cli.stages.draft.rtl import logical_order
 
 
 class PdfTextDraft:
@@ -13,4 +14,5 @@ class PdfTextDraft:
 
     def blocks(self, page: pymupdf.Page) -> list[Block]:
         # Text from the file itself is what the author wrote: certain, hence confidence 1.
-        return layout_blocks(page, source=self.name, confidence=lambda bbox: 1.0)
+        blocks = layout_blocks(page, source=self.name, confidence=lambda bbox: 1.0)
+        return [logical_order(page, block) for block in blocks]
