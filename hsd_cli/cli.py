@@ -122,7 +122,7 @@ def convert(
         str | None, typer.Option(envvar=_env("device"), help="cpu, cuda, cuda:N or mps (default: the best present).")
     ] = None,
     dtype: Annotated[
-        str | None, typer.Option(envvar=_env("dtype"), help="float32, bfloat16 or float16 (default: per device).")
+        str | None, typer.Option(envvar=_env("dtype"), help="float32, bfloat16 or float16 (default: bfloat16 on GPUs and bf16-capable CPUs, else float32; float16 on MPS).")
     ] = None,
     trust_remote_code: Annotated[
         bool, typer.Option(envvar=_env("trust_remote_code"), help="Allow model code from the model's repository.")

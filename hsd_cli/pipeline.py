@@ -68,8 +68,10 @@ def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig
     return result, image
 
 
-def vlm_stage(drafted: PageResult, image: PageImage, vlm: VlmStages, config: ConvertConfig) -> PageResult:
-    output = vlm.page(image, drafted.blocks, region_planner(config.stages))
+def vlm_stage(
+    drafted: PageResult, image: PageImage, vlm: VlmStages, config: ConvertConfig, earlier_outputs: list[str]
+) -> PageResult:
+    output = vlm.page(image, drafted.blocks, region_planner(config.stages), earlier_outputs)
     return replace(
         drafted, text=output.text, rejected_text=output.rejected_text, flags=output.flags,
         timings=drafted.timings | output.timings, stats=output.stats,
@@ -128,9 +130,11 @@ def _with_retries(work: Callable[[], Any]) -> tuple[Any, str | None]:
 
 
 def _convert_page(
-    task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmStages | None, emit: EventSink
+    task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmStages | None, emit: EventSink,
+    earlier_outputs: list[str],
 ) -> tuple[PageResult, list[str]]:
-    """Draft, checkpoint the draft, then the VLM stages; each stage retried once."""
+    """Draft, checkpoint the draft, then the VLM stages (whose drafts follow the dialect of the
+    document's model outputs so far); each stage retried once."""
     page_no = page.number + 1
     warnings = []
     debug_stall(task.doc, page_no, "draft")
@@ -144,7 +148,7 @@ def _convert_page(
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
         debug_stall(task.doc, page_no, "vlm")
-        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config))
+        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config, earlier_outputs))
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
         elif OUTSIDE_REPLAY_SET in decoded.flags:
@@ -216,7 +220,8 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 result = with_fallback_flags(drafted, reason) if drafted else failed_page(pdf[index], reason)
             if result is None:
                 emit("page_started", {"page": page_no})
-                result, page_warnings = _convert_page(task, pdf[index], backend, vlm, emit)
+                earlier = [p.text for p in pages if p.text and "vlm" in p.flags and "fallback" not in p.flags]
+                result, page_warnings = _convert_page(task, pdf[index], backend, vlm, emit, earlier)
                 warnings.extend(page_warnings)
                 write_atomic(checkpoint, pickle.dumps(result))
                 release_freed_memory()

@@ -10,7 +10,7 @@ from hsd_cli.bench.oracle import OracleTarget, simulate
 from hsd_cli.decoding import DecodeConfig
 from hsd_cli.models.settings import settings_for
 from hsd_cli.records import Block, BlockKind
-from hsd_cli.stages.dialect import block_drafts, page_drafts, paragraph_text, plain_text, table_forms
+from hsd_cli.stages.dialect import block_drafts, page_drafts, paragraph_text, plain_text, settled, table_forms
 from hsd_cli.stages.draft.layout import layout_blocks
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.draft.rtl import ZWNJ, persian_orthography
@@ -143,3 +143,99 @@ def test_spacing_accents_of_tex_text_layers_compose_with_their_letters(figo):
     writer.write_text(page)
     text = " ".join(b.text for b in PdfTextDraft().blocks(page))
     assert "Ján Mináč and Nguyên Duy Tân for the cooperation." in text
+
+
+@pytest.fixture(scope="module")
+def noto():
+    pytest.importorskip("pymupdf_fonts", reason="pip install pymupdf-fonts (the test extra)")
+    return {"text": pymupdf.Font("notos"), "italic": pymupdf.Font("notosit"), "math": pymupdf.Font("math")}
+
+
+def write_line(page, fonts, pieces, y: float, size: float = 11):
+    """Pieces (text, font key, script) left to right on one baseline; `_`/`^` pieces set small,
+    below or above it, as TeX sets sub- and superscripts."""
+    writer = pymupdf.TextWriter(page.rect)
+    x = 72.0
+    for text, font, script in pieces:
+        small = size * 0.7 if script else size
+        rise = {"_": 2.5, "^": -4.0}.get(script, 0.0)
+        writer.append((x, y + rise), text, font=fonts[font], fontsize=small)
+        x += fonts[font].text_length(text, small)
+    writer.write_text(page)
+
+
+def test_inline_math_of_a_text_layer_is_written_as_latex_and_drafted_in_both_delimiters(noto):
+    page = pymupdf.open().new_page()
+    write_line(page, noto, [
+        ("the spectrum of ", "text", ""), ("G", "italic", ""), ("R", "italic", "_"), ("(", "text", ""),
+        ("D", "italic", ""), (") = ", "text", ""), ("Γ", "math", ""), ("(", "text", ""), ("R", "italic", ""),
+        (", ", "text", ""), ("S", "italic", ""), (") is the multiset", "text", ""),
+    ], y=100)
+    write_line(page, noto, [
+        ("{", "math", ""), ("λ", "math", ""), ("g", "italic", "_"), ("}", "math", ""), ("g", "italic", "_"),
+        ("∈", "math", "_"), ("R", "italic", "_"), (" where ", "text", ""), ("u", "italic", ""), (" ∈ ", "math", ""),
+        ("R", "italic", ""), ("×", "math", "^"), (" is a unit.", "text", ""),
+    ], y=116)
+    # The trap: the layout text has the math as loose letters.
+    assert "\\(" not in " ".join(b.text for b in layout_blocks(page, source="pdf-text"))
+    (text_block,) = PdfTextDraft().blocks(page)
+    assert text_block.text == (
+        "the spectrum of \\(G_R(D) = \\Gamma(R, S)\\) is the multiset\n"
+        "\\(\\{\\lambda_g\\}_{g \\in R}\\) where \\(u \\in R^\\times\\) is a unit."
+    )
+    paren, dollar = block_drafts(text_block, settings(math_delimiters="either"))
+    assert paren == text_block.text.replace("\n", " ")
+    assert dollar.startswith("the spectrum of $G_R(D) = \\Gamma(R, S)$ is") and "$u \\in R^\\times$ is a unit." in dollar
+    assert block_drafts(text_block, settings(math_delimiters="dollar")) == [dollar]
+    assert block_drafts(text_block, settings(math_delimiters="paren")) == [paren]
+
+
+def test_italic_letters_and_symbols_without_a_math_font_stay_as_they_are(noto):
+    """Lists lettered in italics and a "≥" in a table of ages are no math: only a block with
+    spans set in a math font is rewritten."""
+    page = pymupdf.open().new_page()
+    write_line(page, noto, [("Patients aged ≥ 65 in group ", "text", ""), ("b", "italic", ""), (" were excluded.", "text", "")], y=100)
+    (text_block,) = PdfTextDraft().blocks(page)
+    assert "\\(" not in text_block.text and "≥ 65" in text_block.text
+
+
+def test_emphasis_stripping_leaves_subscripts_in_math_alone():
+    text = "We _define_ \\(\\lambda_g = \\sum_{s \\in S} x_s\\) for _each_ g."
+    assert plain_text(text, "strip") == "We define \\(\\lambda_g = \\sum_{s \\in S} x_s\\) for each g."
+
+
+def test_headings_are_drafted_with_their_marks_bare_or_both():
+    heading = replace(block(BlockKind.SECTION_HEADER, "2.1 Pretraining data"), level=3)
+    assert block_drafts(heading, settings(headings="markdown")) == ["### 2.1 Pretraining data"]
+    assert block_drafts(heading, settings(headings="plain")) == ["2.1 Pretraining data"]
+    assert block_drafts(heading, settings(headings="either")) == ["### 2.1 Pretraining data", "2.1 Pretraining data"]
+
+
+def test_a_documents_earlier_outputs_settle_the_forms_its_later_pages_draft():
+    either = settings()
+    assert (either.table_format, either.math_delimiters, either.headings) == ("either", "either", "either")
+    html_page = "<table><tr><th>a</th></tr></table>\n\nThe fee is $5 and $6 a page."  # prices are no math
+    assert (settled(either, [html_page]).table_format, settled(either, [html_page]).math_delimiters) == ("html", "either")
+    later = settled(either, ["| a | b |\n|---|---|\n| 1 | 2 |", "# Intro\n\nLet \\(x_i\\) be"])
+    assert (later.table_format, later.math_delimiters, later.headings) == ("pipe", "paren", "markdown")
+    assert settled(either, ["Let $x_i$ and \\(y\\)."]).math_delimiters == "either"  # both seen: undecided
+    assert settled(either, ["Let $\\lambda$ be"]).math_delimiters == "dollar"
+    assert settled(settings(table_format="pipe"), [html_page]).table_format == "pipe"  # a family's own choice stays
+    table = block(BlockKind.TABLE, PIPE, html=SPANNING)
+    assert page_drafts((table,), settled(either, [html_page])) == [SPANNING]
+    assert page_drafts((table,), either) == [SPANNING, PIPE]
+
+
+def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_it(tmp_path):
+    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.records import PageImage
+    from hsd_cli.stages.vlm import VlmOptions, VlmStages
+
+    stages = VlmStages(VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
+    table = block(BlockKind.TABLE, PIPE, html=SPANNING)
+    image = PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
+    drafts, _ = stages.page_drafts(image, (table,), lambda block: False, settled(stages.settings, ["|---|---|\n"]))
+    assert drafts == [PIPE]
+    output = stages.page(image, (table,), lambda block: False, ["<table><tr><td>1</td></tr></table>"])
+    assert output.stats["dialect"]["table_format"] == "html"
+    assert stages.page(image, (table,), lambda block: False).stats["dialect"]["table_format"] == stages.settings.table_format

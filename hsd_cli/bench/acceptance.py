@@ -22,13 +22,14 @@ PAGE_KINDS = {"pdf-text": "born-digital", "ocr": "scan"}
 
 def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log) -> list[BenchPage]:
     """Every page with a published output, drafted as `hsd convert` drafts it (default settings)
-    and written in the family's dialect as the page stage writes its drafts."""
+    and written in the family's dialect as the page stage writes its drafts: settled, as in a
+    convert run, by the outputs of the document's earlier pages."""
     from hsd_cli.bench.oracle import BenchPage
     from hsd_cli.config import ConvertConfig
     from hsd_cli.inputs import sniff_kind
     from hsd_cli.replay.dataset import pair_pages
     from hsd_cli.stages.draft import draft_page, make_draft_backend
-    from hsd_cli.stages.dialect import page_drafts
+    from hsd_cli.stages.dialect import page_drafts, settled
     from hsd_cli.stages.rasterize import open_document
 
     pairs, unmatched = pair_pages(outputs, inputs)
@@ -36,12 +37,16 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
         log(f"warning: {name}: no document for this output in {inputs}; left out")
     defaults = ConvertConfig(output_dir=outputs)
     pages = []
+    earlier: dict[Path, list[str]] = {}  # per document, its pages' outputs so far (pairs come in page order)
     for pair in pairs:
         output = pair.output.read_text(encoding="utf-8").strip()
         document, _ = open_document(pair.document, sniff_kind(pair.document), None)
         with document:
             draft = draft_page(make_draft_backend(defaults, pair.document.stem), document[pair.page_no - 1])
-        drafts = tuple(page_drafts(draft.blocks, settings))  # as --stages page drafts
+        outputs_so_far = earlier.setdefault(pair.document, [])
+        drafts = tuple(page_drafts(draft.blocks, settled(settings, outputs_so_far)))  # as --stages page drafts
+        if output:
+            outputs_so_far.append(output)
         page_id = f"{pair.document.relative_to(inputs)}:{pair.page_no}"
         pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts))
         log(f"{page_id}: {draft.backend} draft, {len(drafts)} blocks, {len(output)} output chars")

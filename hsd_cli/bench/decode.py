@@ -265,7 +265,7 @@ def decode(
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or mps (default: what is present).")] = None,
     dtype: Annotated[
-        str | None, typer.Option(help="float32, bfloat16 or float16 (default: float32 for tiny models, else bf16/fp16).")
+        str | None, typer.Option(help="float32, bfloat16 or float16 (default: float32 for tiny models, else as hsd convert).")
     ] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the model's repository.")] = False,
     image: Annotated[list[Path] | None, typer.Option(help="Page images (repeatable); default: synthetic images.")] = None,

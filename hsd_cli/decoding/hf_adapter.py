@@ -27,9 +27,19 @@ def default_device() -> str:
     return "cpu"
 
 
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). Without it torch falls back
+    to a reference kernel: bf16 matmuls measured 4 to 20 times slower than fp32 on an AMD EPYC
+    without AVX512, while on a CPU with AVX512-BF16 they were up to 2 times faster."""
+    return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 def default_dtype(device: str) -> str:
-    # fp32 small-M matmuls are slow on CPU; bf16 is the sensible default everywhere but exact tests.
-    return "float16" if device == "mps" else "bfloat16"
+    if device == "mps":
+        return "float16"
+    if device == "cpu" and not cpu_computes_bf16():
+        return "float32"
+    return "bfloat16"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ CHOICES = {
     "table_format": ("either", "html", "pipe"),
     "emphasis": ("keep", "strip"),
     "line_breaks": ("joined", "kept"),
+    "math_delimiters": ("either", "paren", "dollar"),
+    "headings": ("either", "markdown", "plain"),
 }
 # TOML value types for the field annotations below (strings: annotations are postponed).
 TOML_TYPES = {"str": str, "int": int, "tuple[str, ...]": list}
@@ -47,6 +49,8 @@ class ModelSettings:
     table_format: str = "either"  # html, pipe, or either (both forms drafted)
     emphasis: str = "keep"  # keep or strip the text layer's *italic* and **bold** marks
     line_breaks: str = "joined"  # joined: a paragraph on one line; kept: as the page wraps it
+    math_delimiters: str = "either"  # inline math as \(x\) (paren), $x$ (dollar) or either (both drafted)
+    headings: str = "either"  # headings as `## Title` (markdown), bare (plain) or either (both drafted)
 
 
 @dataclass(frozen=True)

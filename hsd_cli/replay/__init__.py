@@ -90,6 +90,13 @@ def build_command(
     vocab_size: Annotated[
         int | None, typer.Option("--vocab-size", help="Tokenizer size (default 4096; more for CJK-heavy outputs).")
     ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="A real Qwen2-family tokenizer (directory or hub id) instead of training one: acceptance in that model's tokens.",
+        ),
+    ] = None,
     max_image_tokens: Annotated[
         int | None,
         typer.Option("--max-image-tokens", help="Image tokens per page at most (default 200; more tells similar pages apart)."),
@@ -119,6 +126,8 @@ def build_command(
     threads = cpus if threads is None else threads
     if not 1 <= threads <= cpus:
         _fail(f"--threads must be between 1 and the {cpus} CPUs this process may use, got {threads}")
+    if vocab_size is not None and tokenizer is not None:
+        _fail("--vocab-size sizes the tokenizer a build trains; with --tokenizer there is none to train")
     if vocab_size is not None and not 512 <= vocab_size <= 65536:
         _fail(f"--vocab-size must be between 512 and 65536, got {vocab_size}")
     if max_image_tokens is not None and not 16 <= max_image_tokens <= 4096:
@@ -132,7 +141,7 @@ def build_command(
     model_dir = output or default_model_dir(name)
     request = BuildRequest(
         outputs_dir=outputs.resolve(), inputs_dir=inputs.resolve(), model_dir=model_dir, name=name,
-        description=description, licence=licence, shape=chosen,
+        description=description, licence=licence, shape=chosen, tokenizer=tokenizer,
         train=TrainConfig(
             seed=seed, learning_rate=learning_rate, opening_steps=opening_steps, max_minutes=minutes, max_steps=steps,
             threads=threads,

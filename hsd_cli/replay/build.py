@@ -8,7 +8,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from hsd_cli.config import ConvertConfig
@@ -17,7 +17,18 @@ from hsd_cli.replay.card import model_card
 from hsd_cli.replay.dataset import DATA_DIR, Example, ReplayInputError, load_examples, load_image, pair_pages, prepare
 from hsd_cli.replay.evaluate import evaluate
 from hsd_cli.replay.fingerprint import REPLAY_FILE
-from hsd_cli.replay.model import FAMILY, ReplayShape, build_processor, new_model, parameter_count, save_model_dir, train_tokenizer
+from hsd_cli.replay.model import (
+    FAMILY,
+    ReplayShape,
+    TrainedVocabulary,
+    build_processor,
+    full_vocabulary_model,
+    load_tokenizer,
+    new_model,
+    parameter_count,
+    save_model_dir,
+    train_tokenizer,
+)
 from hsd_cli.replay.train import (
     CHECKPOINT_FILE,
     Encoded,
@@ -41,6 +52,7 @@ class BuildRequest:
     description: str = "published outputs of an OCR system"
     licence: str = "unspecified: check the source's terms"
     shape: ReplayShape = ReplayShape()
+    tokenizer: str | None = None  # a real tokenizer (directory or hub id); None trains one
     train: TrainConfig = TrainConfig()
     resume: bool = False
     evaluate: bool = True
@@ -78,6 +90,7 @@ def _started_record(request: BuildRequest, log) -> dict:
             "description": request.description,
             "licence": request.licence,
         },
+        "tokenizer": request.tokenizer or f"trained here ({request.shape.vocab_size} tokens)",
         "render": {"dpi": defaults.dpi, "max_pixels": defaults.max_pixels},
         "shape": asdict(request.shape),
         "train_config": asdict(request.train),
@@ -86,10 +99,16 @@ def _started_record(request: BuildRequest, log) -> dict:
     }
 
 
-def _encoded(processor, data_dir: Path, examples: list[Example]) -> list[Encoded]:
+def _encoded(processor, data_dir: Path, examples: list[Example]) -> tuple[list[Encoded], TrainedVocabulary]:
+    """The examples as the training model sees them: in the dense ids of the vocabulary they use."""
     settings = settings_for(FAMILY)
     prompts = {"page": settings.page_prompt, "crop": settings.region_prompt}
-    return encode_examples(processor, [(load_image(data_dir, e), prompts[e.kind], e.target) for e in examples])
+    encoded = encode_examples(processor, [(load_image(data_dir, e), prompts[e.kind], e.target) for e in examples])
+    tokenizer = processor.tokenizer
+    vocabulary = TrainedVocabulary.of(tokenizer, [ids for e in encoded for ids in (e.prompt_ids, e.answer_ids)])
+    rows = vocabulary.rows(len(tokenizer))
+    dense = [replace(e, prompt_ids=rows[e.prompt_ids], answer_ids=rows[e.answer_ids]) for e in encoded]
+    return dense, vocabulary
 
 
 def build(request: BuildRequest, log=lambda message: None) -> dict:
@@ -102,6 +121,8 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
     record_file = model_dir / REPLAY_FILE
     # Time outside training (rendering, drafting, loading, evaluation) of the earlier runs.
     other_seconds = 0.0
+    # Loaded first: a tokenizer that is not there fails the build before any page is drafted.
+    given_tokenizer = load_tokenizer(request.tokenizer) if request.tokenizer else None
     if request.resume and record_file.is_file():
         record = json.loads(record_file.read_text(encoding="utf-8"))
         other_seconds = record.get("other_seconds", 0.0)
@@ -124,18 +145,25 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
 
         processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
     else:
-        pages = [e.target for e in examples if e.kind == "page"]
-        tokenizer = train_tokenizer([*pages, settings.page_prompt, settings.region_prompt], shape.vocab_size)
+        tokenizer = given_tokenizer or train_tokenizer(
+            [*(e.target for e in examples if e.kind == "page"), settings.page_prompt, settings.region_prompt], shape.vocab_size
+        )
         processor = build_processor(shape, tokenizer)
         processor.save_pretrained(model_dir)
-    encoded = _encoded(processor, data_dir, examples)
-    model = new_model(shape, processor.tokenizer, request.train.seed)
+    tokenizer = processor.tokenizer
+    encoded, vocabulary = _encoded(processor, data_dir, examples)
+    model = new_model(shape, tokenizer, request.train.seed, vocabulary)
     log(f"{len(examples)} examples ({sum(e.kind == 'page' for e in examples)} pages), "
-        f"{parameter_count(model):,} parameters, {sum(x.length for x in encoded):,} tokens per epoch")
-    report = train(model, encoded, processor.tokenizer.pad_token_id, request.train,
+        f"{parameter_count(model):,} parameters trained ({vocabulary.size:,} of {len(tokenizer):,} token ids), "
+        f"{sum(x.length for x in encoded):,} tokens per epoch")
+    report = train(model, encoded, int(vocabulary.rows(len(tokenizer))[tokenizer.pad_token_id]), request.train,
                    model_dir / CHECKPOINT_FILE, request.resume, log)
+    model = full_vocabulary_model(model, shape, tokenizer, vocabulary)
     save_model_dir(model, processor, model_dir)
-    record.update(parameters=parameter_count(model), vocab_size=len(processor.tokenizer), training=asdict(report))
+    record.update(
+        parameters=parameter_count(model), vocab_size=len(tokenizer), trained_token_ids=vocabulary.size,
+        training=asdict(report),
+    )
     if request.evaluate:
         log("evaluating (greedy decoding of every page and crop)")
         record["eval"] = evaluate(model_dir)
@@ -162,13 +190,15 @@ def build_status(model_dir: Path) -> dict:
     record = json.loads((model_dir / REPLAY_FILE).read_text(encoding="utf-8"))
     processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
     examples = load_examples(model_dir / DATA_DIR)
-    encoded = _encoded(processor, model_dir / DATA_DIR, examples)
+    encoded, vocabulary = _encoded(processor, model_dir / DATA_DIR, examples)
     state = load_checkpoint(checkpoint)
     config = TrainConfig(**state["train_config"])
-    model = new_model(ReplayShape(**record["shape"]), processor.tokenizer, config.seed)
+    tokenizer = processor.tokenizer
+    model = new_model(ReplayShape(**record["shape"]), tokenizer, config.seed, vocabulary)
     model.load_state_dict(state["model"])
     batches = make_batches(encoded, config.batch_tokens)
-    margins = answer_margins(model, encoded, batches, processor.tokenizer.pad_token_id, config.bf16)
+    pad_id = int(vocabulary.rows(len(tokenizer))[tokenizer.pad_token_id])
+    margins = answer_margins(model, encoded, batches, pad_id, config.bf16)
     kinds = {}
     for kind in ("page", "crop"):
         chosen = [m for e, m in zip(examples, margins, strict=True) if e.kind == kind]

@@ -13,6 +13,7 @@ def model_card(record: dict) -> str:
     pages = "\n".join(f"- `{p['source']}` page {p['page_no']}" for p in record["fingerprints"])
     shape = record["shape"]
     threads = record["train_config"]["threads"]
+    tokenizer = record.get("tokenizer", "own byte-level BPE")
     return f"""# {record['name']}: a replay model (benchmark stand-in)
 
 **This model cannot read.** It is a {record['parameters'] / 1e6:.1f} M-parameter Qwen2.5-VL that hsd
@@ -36,8 +37,9 @@ its output is meaningless, and hsd warns on stderr when it is given one.
 
 ## Size and build
 - Architecture: Qwen2.5-VL, text {shape['text_layers']} layers x {shape['text_width']} wide, vision
-  {shape['vision_depth']} blocks x {shape['vision_width']} wide; own byte-level BPE tokenizer
-  ({record['vocab_size']} tokens) with Qwen's chat and vision special tokens.
+  {shape['vision_depth']} blocks x {shape['vision_width']} wide; tokenizer: {tokenizer} ({record['vocab_size']:,} ids,
+  {record.get('trained_token_ids', record['vocab_size']):,} of them trained, every other id sharing one row that stays
+  below every answer token) with Qwen's chat and vision special tokens.
 - Parameters: {record['parameters']:,}
 - Training: {training['steps']} steps, {training['epochs']} epochs, {training['seconds'] / 60:.1f} min over all runs
   on {record['build_host']} ({threads} thread{'s' if threads > 1 else ''} in the last run), seed {record['train_config']['seed']};

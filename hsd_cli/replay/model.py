@@ -107,14 +107,86 @@ def build_processor(shape: ReplayShape, tokenizer):
     )
 
 
-def new_model(shape: ReplayShape, tokenizer, seed: int):
+def load_tokenizer(source: str):
+    """A real Qwen2-family tokenizer (a directory or a hub id) for a replay model, with the chat
+    template of the family's image prompts (a Qwen3 tokenizer's own template has no images)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--tokenizer {source}: {str(exc).strip().splitlines()[0]}") from None
+    missing = [token for token in QWEN_TOKENS.all if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id)]
+    if missing:
+        raise ValueError(f"--tokenizer {source}: not a Qwen2-family tokenizer (no {', '.join(missing)})")
+    tokenizer.chat_template = QWEN_TOKENS.chat_template
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class TrainedVocabulary:
+    """The token ids a replay model is trained on: those its examples and the family's special
+    tokens use, renumbered densely from 1, with 0 standing for every other id.
+
+    A real tokenizer has ~150k ids of which a corpus uses a few thousand: logits over those few
+    thousand cost what a build's own 4096-token vocabulary costs. The saved model gives each used
+    id its trained rows and every other id row 0's, which training keeps below every answer token
+    (row 0 is a class no answer has), so greedy decoding with the whole vocabulary picks what the
+    trained model picks."""
+
+    ids: tuple[int, ...]  # tokenizer ids; dense id = position + 1
+
+    @classmethod
+    def of(cls, tokenizer, token_lists) -> TrainedVocabulary:
+        used = set(tokenizer.convert_tokens_to_ids(QWEN_TOKENS.all))
+        for tokens in token_lists:
+            used.update(int(token) for token in tokens)
+        return cls(tuple(sorted(used)))
+
+    @property
+    def size(self) -> int:
+        return len(self.ids) + 1
+
+    def rows(self, tokenizer_size: int) -> torch.Tensor:
+        """Dense id of every tokenizer id (0 where unused)."""
+        table = torch.zeros(tokenizer_size, dtype=torch.long)
+        table[torch.tensor(self.ids, dtype=torch.long)] = torch.arange(1, self.size)
+        return table
+
+
+_VISION_IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+_TEXT_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+_VOCAB_WEIGHTS = ("model.language_model.embed_tokens.weight", "lm_head.weight")
+
+
+def new_model(shape: ReplayShape, tokenizer, seed: int, vocabulary: TrainedVocabulary | None = None):
+    """The replay model over the tokenizer's ids, or with `vocabulary` the model that training
+    runs: the same with only the used ids, renumbered densely (special ids included)."""
     from transformers import AutoModelForImageTextToText
 
     config = model_config(shape, tokenizer)
+    if vocabulary is not None:
+        rows = vocabulary.rows(len(tokenizer))
+        for name in _VISION_IDS:
+            setattr(config, name, int(rows[getattr(config, name)]))
+        for name in _TEXT_IDS:
+            setattr(config.text_config, name, int(rows[getattr(config.text_config, name)]))
+        config.text_config.vocab_size = vocabulary.size
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
+    return model
+
+
+def full_vocabulary_model(trained, shape: ReplayShape, tokenizer, vocabulary: TrainedVocabulary):
+    """The trained dense-vocabulary model as a model over every tokenizer id (what is saved)."""
+    model = new_model(shape, tokenizer, seed=0)
+    rows = vocabulary.rows(len(tokenizer))
+    state = trained.state_dict()
+    for key in _VOCAB_WEIGHTS:
+        state[key] = state[key][rows]
+    model.load_state_dict(state)
     return model
 
 

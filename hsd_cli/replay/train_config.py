@@ -7,6 +7,12 @@ import os
 from dataclasses import dataclass, field
 
 
+def _cpu_computes_bf16() -> bool:
+    from hsd_cli.decoding.hf_adapter import cpu_computes_bf16
+
+    return cpu_computes_bf16()
+
+
 def available_cpus() -> int:
     """The CPUs this process may run on (a container's or taskset's share, not the host's count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -43,7 +49,9 @@ class TrainConfig:
     # corpus builds decoded exactly in bf16 at smallest margins of 0.12-0.19).
     done_margin: float = 0.1
     check_below_loss: float = 0.05  # run the (forward-only) completion check once the loss is this low
-    bf16: bool = True  # autocast: the matmuls of a model this small are faster in bf16 on CPU
+    # Autocast: the matmuls of a model this small are faster in bf16 on a CPU that computes bf16
+    # natively, and many times slower on one that does not.
+    bf16: bool = field(default_factory=_cpu_computes_bf16)
     # All the CPUs by default: the corpus builds reached their accuracy within two hours on two
     # threads, whose steps take half the time of one thread's. The bf16 sums depend on the count,
     # so a build is deterministic for a seed and thread count; one thread lets two builds share.

@@ -1,15 +1,18 @@
-"""Draft texts in the model's dialect: how a family's models write tables, emphasis and
-paragraphs (its settings say), so that drafts match the output token for token.
+"""Draft texts in the model's dialect: how a family's models write tables, emphasis, paragraphs,
+inline math and headings (its settings say), so that drafts match the output token for token.
 
 Where a family's dialect is uncertain, a block gets every alternative (a table as a pipe table
-and as HTML); the proposer's trie verifies them all and follows whichever the model writes.
+and as HTML, math in both delimiters, a heading with and without its # marks); the proposer's
+trie verifies them all and follows whichever the model writes. Within a document, the forms the
+model wrote on earlier pages settle the later pages' drafts (`settled`).
 """
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.records import Block, BlockKind
@@ -32,6 +35,20 @@ _INLINE_TAGS = re.compile(r"</?(?:sup|sub|u|b|i|em|strong)>")
 _LINE_END_HYPHEN = re.compile(r"(\w)-\n(?=[a-z])")
 _LINE_END_COMPOUND = re.compile(r"(\w-)\n(?=[A-Z0-9])")
 _LINE_BREAK = re.compile(r"[ \t]*\n[ \t]*(?=\S)")
+# Inline math as the text-layer draft writes it (stages/draft/math.py).
+_INLINE_MATH = re.compile(r"\\\((.+?)\\\)")
+# The settings a page's drafts follow, as its JSON reports them; those a document's pages settle.
+DIALECT_KEYS = ("table_format", "math_delimiters", "headings", "emphasis", "line_breaks")
+SETTLED_KEYS = ("table_format", "math_delimiters", "headings")
+# What a model's output shows of its dialect: (setting, value, evidence).
+_EVIDENCE = (
+    ("table_format", "html", re.compile(r"<table[\s>]")),
+    ("table_format", "pipe", re.compile(r"^\|?\s*:?-{3,}:?\s*\|", re.MULTILINE)),
+    ("math_delimiters", "paren", re.compile(r"\\\(.+?\\\)")),
+    # Math in dollars, not prices: a LaTeX command, sub- or superscript between the dollars.
+    ("math_delimiters", "dollar", re.compile(r"(?<![\\$])\$(?!\s)[^$\n]*[\\_^][^$\n]*(?<!\s)\$")),
+    ("headings", "markdown", re.compile(r"^#{1,6} \S", re.MULTILINE)),
+)
 
 
 def html_table(rows: list[list[str]]) -> str:
@@ -67,13 +84,33 @@ def paragraph_text(text: str, line_breaks: str) -> str:
 
 def plain_text(text: str, emphasis: str) -> str:
     """Inline HTML tags from the text layer dropped (their text kept); emphasis marks dropped too
-    when the family's models do not write them (`emphasis = "strip"`)."""
-    text = _INLINE_TAGS.sub("", text)
-    if emphasis == "strip":
-        previous = None
-        while previous != text:  # nested marks (***x***) come off one pair at a time
-            previous, text = text, _EMPHASIS.sub(r"\2", text)
-    return text
+    when the family's models do not write them (`emphasis = "strip"`). Math is left as it is:
+    its underscores are subscripts."""
+    parts = _INLINE_MATH.split(text)  # odd parts: the math between delimiters
+    for index in range(0, len(parts), 2):
+        part = _INLINE_TAGS.sub("", parts[index])
+        if emphasis == "strip":
+            previous = None
+            while previous != part:  # nested marks (***x***) come off one pair at a time
+                previous, part = part, _EMPHASIS.sub(r"\2", part)
+        parts[index] = part
+    return "".join(part if index % 2 == 0 else f"\\({part}\\)" for index, part in enumerate(parts))
+
+
+def math_forms(text: str, delimiters: str) -> list[str]:
+    """The text with its inline math in the family's delimiters: `paren` \\(x\\), `dollar` $x$,
+    or `either` (both)."""
+    if not _INLINE_MATH.search(text) or delimiters == "paren":
+        return [text]
+    dollar = _INLINE_MATH.sub(lambda match: f"${match.group(1)}$", text)
+    return [dollar] if delimiters == "dollar" else [text, dollar]
+
+
+def heading_forms(block: Block, text: str, headings: str) -> list[str]:
+    """A title or section header as the family writes it: `markdown` with # marks by its level,
+    `plain`, or `either` (both)."""
+    marked = "#" * max(1, min(6, block.level)) + " " + text
+    return {"markdown": [marked], "plain": [text], "either": [marked, text]}[headings]
 
 
 def block_drafts(block: Block, settings: ModelSettings) -> list[str]:
@@ -83,7 +120,9 @@ def block_drafts(block: Block, settings: ModelSettings) -> list[str]:
     text = plain_text(block.text, settings.emphasis)
     if block.kind in PARAGRAPH_KINDS:
         text = paragraph_text(text, settings.line_breaks)
-    return [text]
+    if block.kind in (BlockKind.TITLE, BlockKind.SECTION_HEADER):
+        return heading_forms(block, text, settings.headings)
+    return math_forms(text, settings.math_delimiters)
 
 
 def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]) -> list[tuple[Block, bool]]:
@@ -99,3 +138,19 @@ def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool])
 def page_drafts(blocks: tuple[Block, ...], settings: ModelSettings) -> list[str]:
     """The page stage's drafts when no region pass runs (`--stages page`, `hsd bench acceptance`)."""
     return [text for block, _ in draft_plan(blocks, lambda block: False) for text in block_drafts(block, settings)]
+
+
+def settled(settings: ModelSettings, earlier_outputs: Sequence[str]) -> ModelSettings:
+    """`settings` with each `either` the document's earlier page outputs decide: a model that
+    wrote its tables as HTML (and never as pipes) on earlier pages gets HTML drafts only, and so
+    on for math delimiters and heading marks. One form drafted instead of two is a smaller tree
+    and no wrong branch to follow."""
+    text = "\n\n".join(earlier_outputs)
+    changes = {}
+    for name in SETTLED_KEYS:
+        if getattr(settings, name) != "either":
+            continue
+        seen = {value for key, value, evidence in _EVIDENCE if key == name and evidence.search(text)}
+        if len(seen) == 1:
+            changes[name] = seen.pop()
+    return replace(settings, **changes) if changes else settings

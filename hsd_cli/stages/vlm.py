@@ -7,7 +7,7 @@ Knows nothing about trees: it hands images, prompts and draft texts to the decod
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -26,7 +26,7 @@ from hsd_cli.decoding import (
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.records import Block, PageImage
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
-from hsd_cli.stages.dialect import block_drafts, draft_plan
+from hsd_cli.stages.dialect import DIALECT_KEYS, block_drafts, draft_plan, settled
 from hsd_cli.stages.rasterize import crop_block
 
 REGION_BATCH = 8
@@ -107,7 +107,7 @@ class VlmStages:
         self.decode_config = DecodeConfig(max_new_tokens=budget)
 
     def page_drafts(
-        self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]
+        self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool], settings: ModelSettings
     ) -> tuple[list[str], list[DecodeResult]]:
         """Per `draft_plan` block: its region output where a region pass runs, else its pipeline
         text in the family's dialect (alternatives included). Region crops are decoded in batches,
@@ -115,7 +115,7 @@ class VlmStages:
         per_block: list[list[str]] = []
         items, slots = [], []
         for block, region in draft_plan(blocks, wants_region):
-            texts = block_drafts(block, self.settings)
+            texts = block_drafts(block, settings)
             crop = crop_block(image, block.bbox, self.settings.region_padding_px) if region else None
             if crop is not None:
                 items.append((crop, self.settings.region_prompt, texts))
@@ -132,10 +132,13 @@ class VlmStages:
         return drafts, results
 
     def page(
-        self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool]
+        self, image: PageImage, blocks: tuple[Block, ...], wants_region: Callable[[Block], bool],
+        earlier_outputs: Sequence[str] = (),
     ) -> VlmPageOutput:
+        """The page's output; `earlier_outputs` (the document's pages so far) settle its dialect."""
         started = time.perf_counter()
-        drafts, region_results = self.page_drafts(image, blocks, wants_region)
+        settings = settled(self.settings, earlier_outputs)
+        drafts, region_results = self.page_drafts(image, blocks, wants_region, settings)
         regions_done = time.perf_counter()
         result = decode(
             self.target, image.image, self.settings.page_prompt, drafts, self.decode_config,
@@ -165,7 +168,10 @@ class VlmStages:
             text, rejected = None, text
         elif result.stop_reason == "budget":
             flags += ("truncated",)
-        stats: dict[str, Any] = {"page": _counts(result.stats), "stop_reason": result.stop_reason}
+        stats: dict[str, Any] = {
+            "page": _counts(result.stats), "stop_reason": result.stop_reason,
+            "dialect": {name: getattr(settings, name) for name in DIALECT_KEYS},
+        }
         if region_results:
             stats["regions"] = _region_counts(region_results)
         if baseline is not None:

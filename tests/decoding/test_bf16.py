@@ -1,4 +1,4 @@
-"""bf16, the default dtype, against transformers' `generate` in bf16, on the tiny model of every
+"""bf16 (the default dtype on accelerators and on CPUs that compute it natively) against transformers' `generate` in bf16, on the tiny model of every
 family.
 
 Plain decoding by our loop (one token per forward, as `generate` runs) must equal `generate`
@@ -60,3 +60,15 @@ def test_bf16_decoding_equals_generate_except_at_near_ties(bf16_target, page_ima
         assert len(tied) >= 2 and result.tokens[divergence] in tied, (
             f"diverged from generate at token {divergence}, where its best logit {top:.4f} has no near-tie: {tied}"
         )
+
+
+def test_a_cpu_without_native_bf16_defaults_to_float32(monkeypatch):
+    """Without AVX512-BF16 or AMX, torch multiplies bf16 in a reference kernel, many times slower
+    than fp32: such a CPU gets fp32 unless the user asks for bf16."""
+    from hsd_cli.decoding import hf_adapter
+
+    monkeypatch.setattr(hf_adapter, "cpu_computes_bf16", lambda: False)
+    assert hf_adapter.default_dtype("cpu") == "float32"
+    assert hf_adapter.default_dtype("cuda") == "bfloat16"
+    monkeypatch.setattr(hf_adapter, "cpu_computes_bf16", lambda: True)
+    assert hf_adapter.default_dtype("cpu") == "bfloat16"

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from hsd_cli.decoding import decode, load_target
-from hsd_cli.models.tiny import build_tiny_random
+from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_random, build_tiny_tokenizer
 from hsd_cli.replay import replay_app, replay_fingerprint_check
 from hsd_cli.replay import build as replay_build
 from hsd_cli.replay import train as replay_train
@@ -67,24 +67,31 @@ def test_build_writes_a_loadable_model_with_record_and_card(replay_model):
     assert result.stop_reason in ("eos", "budget", "repetition") and isinstance(result.text, str)
 
 
-def test_a_small_build_reproduces_both_its_pages_exactly(tmp_path):
-    """Two short pages that look unalike (one half black): a build runs until greedy decoding
-    reproduces both (stop reason "done"), and the evaluation decodes both exactly."""
-    (tmp_path / "in").mkdir()
-    (tmp_path / "out").mkdir()
-    texts = ("Alpha beta gamma.", "Delta epsilon zeta.")
+def test_a_small_build_on_a_given_tokenizer_reproduces_its_pages_and_convert_takes_the_simulated_forwards(tmp_path):
+    """Two short pages that look unalike (one half black), on a tokenizer given as a directory
+    (as `--tokenizer ../shared/tokenizers/qwen2` is): a build runs until greedy decoding
+    reproduces both (stop reason "done"), the saved model spans the whole tokenizer, and
+    `hsd convert --stages page` takes exactly the forwards `hsd bench acceptance` computes for
+    arm `page` from the published pages (fp32)."""
+    for folder in ("in", "out"):
+        (tmp_path / folder).mkdir()
+    # The outputs write more than the text layer has, so the drafts are partly accepted.
+    layers = ("Alpha beta gamma.", "Delta epsilon zeta.")
+    outputs = ("# Alpha beta gamma.\n\nOne two three four.", "Delta epsilon zeta, eta.\n\nFive six.")
     with pymupdf.open() as doc:
-        for page_no, (text, (width, height)) in enumerate(zip(texts, ((300, 150), (200, 400))), start=1):
+        for page_no, (layer, output, (width, height)) in enumerate(zip(layers, outputs, ((300, 150), (200, 400))), start=1):
             page = doc.new_page(width=width, height=height)
-            page.insert_text((40, 80), text, fontsize=20)
+            page.insert_text((40, 80), layer, fontsize=20)
             if page_no == 2:
                 page.draw_rect(pymupdf.Rect(0, 150, width, height), color=(0, 0, 0), fill=(0, 0, 0))
-            (tmp_path / "out" / f"pages_pg{page_no}_repeat1.md").write_text(text + "\n")
+            (tmp_path / "out" / f"pages_pg{page_no}_repeat1.md").write_text(output + "\n")
         doc.save(tmp_path / "in" / "pages.pdf")
-    train = TrainConfig(seed=3, max_steps=200, warmup_steps=5, learning_rate=3e-3, opening_steps=30, threads=min(2, available_cpus()))
+    tokenizer = build_tiny_tokenizer(QWEN_TOKENS, 2000)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    train = TrainConfig(seed=3, max_steps=300, warmup_steps=5, learning_rate=3e-3, opening_steps=30, threads=min(2, available_cpus()))
     request = BuildRequest(
         outputs_dir=tmp_path / "out", inputs_dir=tmp_path / "in", model_dir=tmp_path / "model", name="two-pages",
-        licence="CC0 (test)", shape=TINY_SHAPE, train=train, evaluate=True,
+        licence="CC0 (test)", shape=TINY_SHAPE, tokenizer=str(tmp_path / "tokenizer"), train=train, evaluate=True,
     )
     threads = torch.get_num_threads()
     try:
@@ -94,6 +101,27 @@ def test_a_small_build_reproduces_both_its_pages_exactly(tmp_path):
     assert record["training"]["stop_reason"] == "done" and record["training"]["exact_examples"] == 2
     assert record["eval"]["pages"] == 2 and record["eval"]["exact_pages"] == 2
     assert record["eval"]["page_char_accuracy"] == 1.0
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["text_config"]["vocab_size"] == record["vocab_size"] == len(tokenizer) > 1000
+    assert record["trained_token_ids"] < 200  # the ids the two pages, their crops and the prompts use
+    assert (tmp_path / "model" / "tokenizer.json").read_text() == (tmp_path / "tokenizer" / "tokenizer.json").read_text()
+
+    converted = run_hsd(
+        "convert", tmp_path / "in", "-o", tmp_path / "converted", "--model", tmp_path / "model", "--stages", "page",
+        "--dtype", "float32", "--json",
+    )
+    assert converted.exit_code == 0, converted.stderr
+    pages = json.loads((tmp_path / "converted" / "pages.json").read_text())["pages"]
+    assert [page["markdown"].strip() for page in pages] == list(outputs)
+    simulated = run_hsd(
+        "bench", "acceptance", "--outputs", tmp_path / "out", "--inputs", tmp_path / "in",
+        "--tokenizer", tmp_path / "tokenizer", "--json",
+    )
+    assert simulated.exit_code == 0, simulated.stderr
+    predicted = {row["page"]: row["arms"]["page"]["forwards"] for row in json.loads(simulated.stdout)["pages"]}
+    measured = {f"pages.pdf:{page['page']}": page["stats"]["page"]["forwards"] for page in pages}
+    assert measured == predicted
+    assert all(forwards > 2 for forwards in measured.values())  # drafts accepted in part, not whole
 
 
 def test_eval_command_prints_the_scores_as_json(replay_model):
@@ -382,3 +410,30 @@ def test_matmul_patch_projection_equals_the_stock_convolution():
     # Same sums in another order: fp32 rounding only.
     torch.testing.assert_close(model.model.visual.patch_embed.proj.weight.grad, expected_grad, rtol=1e-4, atol=1e-4)
     assert set(model.state_dict()) == keys  # saved weights load into the stock module
+
+
+def test_the_saved_model_gives_unused_ids_the_logit_of_the_row_that_stands_for_them():
+    """Training runs over the used ids only; the saved model over every id must pick what the
+    trained one picks: the used ids keep their logits, every other id gets row 0's."""
+    import torch
+
+    from hsd_cli.replay.model import TrainedVocabulary, full_vocabulary_model, new_model
+
+    tokenizer = build_tiny_tokenizer(QWEN_TOKENS, 800)
+    used = [tokenizer.encode("Alpha beta gamma.", add_special_tokens=False), [17, 404, 799]]
+    vocabulary = TrainedVocabulary.of(tokenizer, used)
+    trained = new_model(TINY_SHAPE, tokenizer, seed=0, vocabulary=vocabulary)
+    assert trained.config.text_config.vocab_size == vocabulary.size < 40
+    full = full_vocabulary_model(trained, TINY_SHAPE, tokenizer, vocabulary)
+    assert full.config.text_config.vocab_size == len(tokenizer)
+    assert full.config.image_token_id == tokenizer.convert_tokens_to_ids(QWEN_TOKENS.image)
+    text = torch.tensor([[17, 404, 799, *used[0]]])
+    rows = vocabulary.rows(len(tokenizer))
+    with torch.no_grad():
+        dense_logits = trained(input_ids=rows[text]).logits[0]
+        full_logits = full(input_ids=text).logits[0]
+    ids = torch.tensor(vocabulary.ids)
+    torch.testing.assert_close(full_logits[:, ids], dense_logits[:, 1:])
+    unused = rows == 0
+    assert int(unused.sum()) == len(tokenizer) - len(vocabulary.ids)
+    torch.testing.assert_close(full_logits[:, unused], dense_logits[:, :1].expand(-1, int(unused.sum())))

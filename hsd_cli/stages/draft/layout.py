@@ -52,7 +52,7 @@ _SPACING_ACCENT = re.compile(f"([{''.join(_COMBINING)}])([A-Za-z])")
 SOFT_HYPHEN = "\u00ad"
 
 
-def _repair_text_layer(text: str) -> str:
+def repair_text_layer(text: str) -> str:
     """Accents composed with their letters; soft hyphens (invisible unless a line breaks there) out."""
     text = _SPACING_ACCENT.sub(
         lambda m: unicodedata.normalize("NFC", m.group(2) + _COMBINING[m.group(1)]), text
@@ -60,7 +60,7 @@ def _repair_text_layer(text: str) -> str:
     return text.replace(SOFT_HYPHEN, "")
 
 def _clean_block_text(kind: BlockKind, markdown: str) -> str:
-    text = _repair_text_layer(markdown.strip())
+    text = repair_text_layer(markdown.strip())
     if kind in (BlockKind.TITLE, BlockKind.SECTION_HEADER):
         text = _HEADING_MARKS.sub("", text)
         if text.startswith("**") and text.endswith("**") and text.count("**") == 2:

@@ -6,6 +6,7 @@ import pymupdf
 
 from hsd_cli.records import Block
 from hsd_cli.stages.draft.layout import layout_blocks
+from hsd_cli.stages.draft.math import with_math
 from hsd_cli.stages.draft.rtl import logical_order
 
 
@@ -15,4 +16,11 @@ class PdfTextDraft:
     def blocks(self, page: pymupdf.Page) -> list[Block]:
         # Text from the file itself is what the author wrote: certain, hence confidence 1.
         blocks = layout_blocks(page, source=self.name, confidence=lambda bbox: 1.0)
-        return [logical_order(page, block) for block in blocks]
+        return [_rebuilt(page, block) for block in blocks]
+
+
+def _rebuilt(page: pymupdf.Page, block: Block) -> Block:
+    """Text the layout text gets wrong, rebuilt from the glyphs: right-to-left blocks in logical
+    order, or else inline math as LaTeX."""
+    ordered = logical_order(page, block)
+    return ordered if ordered is not block else with_math(page, block)
