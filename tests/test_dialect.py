@@ -10,7 +10,9 @@ from hsd_cli.bench.oracle import OracleTarget, simulate
 from hsd_cli.decoding import DecodeConfig
 from hsd_cli.models.settings import settings_for
 from hsd_cli.records import Block, BlockKind
-from hsd_cli.stages.dialect import block_drafts, page_drafts, paragraph_text, plain_text, settled, table_forms
+from hsd_cli.stages.dialect import (
+    block_drafts, page_drafts, paragraph_text, plain_text, primary_language, settled, split_front_matter, table_forms,
+)
 from hsd_cli.stages.draft.layout import layout_blocks
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.draft.rtl import ZWNJ, persian_orthography
@@ -235,7 +237,63 @@ def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_
     table = block(BlockKind.TABLE, PIPE, html=SPANNING)
     image = PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
     drafts, _ = stages.page_drafts(image, (table,), lambda block: False, settled(stages.settings, ["|---|---|\n"]))
-    assert drafts == [PIPE]
+    assert drafts[2:] == [PIPE] and "is_table: True" in drafts[0], "the family's front matter first"
     output = stages.page(image, (table,), lambda block: False, ["<table><tr><td>1</td></tr></table>"])
     assert output.stats["dialect"]["table_format"] == "html"
     assert stages.page(image, (table,), lambda block: False).stats["dialect"]["table_format"] == stages.settings.table_format
+
+
+OLMOCR_OUTPUT = (
+    "---\nprimary_language: en\nis_rotation_valid: True\nrotation_correction: 0\nis_table: False\n"
+    "is_diagram: False\n---\nThe harvest came early.\n"
+)
+
+
+def test_olmocr_front_matter_is_drafted_with_the_pages_language_and_is_table_both_ways():
+    prose = block(BlockKind.TEXT, "The harvest came early.")
+    drafts = page_drafts((prose,), settings(front_matter="olmocr"))
+    assert drafts[0] + drafts[2] == OLMOCR_OUTPUT.strip(), "the likelier form first, then the page text"
+    assert "is_table: True" in drafts[1] and drafts[1].replace("True\nis_diagram", "False\nis_diagram") == drafts[0]
+    table = block(BlockKind.TABLE, PIPE, html=SPANNING)
+    assert "is_table: True" in page_drafts((table, prose), settings(front_matter="olmocr"))[0]
+    assert page_drafts((prose,), settings(front_matter="none")) == ["The harvest came early."]
+    assert settings_for("qwen2_5_vl").front_matter == "olmocr", "olmOCR's prompt asks for it"
+    assert [primary_language(text) for text in ("", "12 34", "Ein Haus", "دانشگاه تهران", "جامعة القاهرة", "東京の大学", "北京大学", "Москва")] == [
+        "null", "null", "en", "fa", "ar", "ja", "zh", "ru",
+    ]
+
+
+def test_an_outputs_front_matter_is_split_off_as_plain_values():
+    fields, text = split_front_matter(OLMOCR_OUTPUT)
+    assert text == "The harvest came early."
+    assert fields == {"primary_language": "en", "is_rotation_valid": True, "rotation_correction": 0,
+                      "is_table": False, "is_diagram": False}
+    assert split_front_matter("---\nprimary_language: null\ndate: 2024-01-02\n---")  == ({"primary_language": None, "date": "2024-01-02"}, "")
+    for untouched in ("No front matter here.", "---\nprimary_language: en\nis_rot", "---\n[unclosed\n---\nText", "---\n- a list\n---\nText"):
+        assert split_front_matter(untouched) == (None, untouched)
+
+
+def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(tmp_path, monkeypatch):
+    from hsd_cli.decoding import DecodeResult, DecodeStats
+    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.records import PageImage
+    from hsd_cli.stages import vlm
+
+    stages = vlm.VlmStages(vlm.VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
+    image = PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
+    # The tiny random model writes no front matter: stand in an olmOCR output for its decoding.
+    seen_drafts, outputs = [], [OLMOCR_OUTPUT, OLMOCR_OUTPUT.replace("en", "null").split("The")[0]]
+
+    def olmocr_decode(target, image, prompt, drafts, config, match="tokens"):
+        seen_drafts.append(drafts)
+        return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=1, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
+
+    monkeypatch.setattr(vlm, "decode", olmocr_decode)
+    output = stages.page(image, (block(BlockKind.TEXT, "The harvest came early."),), lambda block: False)
+    assert output.text == "The harvest came early."
+    assert output.stats["front_matter"]["primary_language"] == "en" and output.stats["dialect"]["front_matter"] == "olmocr"
+    assert seen_drafts[0][0].startswith("---\nprimary_language: en\n")
+    blank = stages.page(image, (), lambda block: False)  # olmOCR's blank page: front matter alone
+    assert blank.text is None and "empty" in blank.flags and blank.stats["front_matter"]["primary_language"] is None
+    assert seen_drafts[1][0].startswith("---\nprimary_language: null\n")
+

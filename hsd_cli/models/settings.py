@@ -26,6 +26,7 @@ CHOICES = {
     "line_breaks": ("joined", "kept"),
     "math_delimiters": ("either", "paren", "dollar"),
     "headings": ("either", "markdown", "plain"),
+    "front_matter": ("none", "olmocr"),
 }
 # TOML value types for the field annotations below (strings: annotations are postponed).
 TOML_TYPES = {"str": str, "int": int, "tuple[str, ...]": list}
@@ -51,6 +52,9 @@ class ModelSettings:
     line_breaks: str = "joined"  # joined: a paragraph on one line; kept: as the page wraps it
     math_delimiters: str = "either"  # inline math as \(x\) (paren), $x$ (dollar) or either (both drafted)
     headings: str = "either"  # headings as `## Title` (markdown), bare (plain) or either (both drafted)
+    # olmocr: outputs open with olmOCR's YAML block (language, rotation, table, diagram); it is
+    # drafted, and split off the page's Markdown into its JSON. none: no front matter.
+    front_matter: str = "none"
 
 
 @dataclass(frozen=True)

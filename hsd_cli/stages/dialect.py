@@ -4,15 +4,21 @@ inline math and headings (its settings say), so that drafts match the output tok
 Where a family's dialect is uncertain, a block gets every alternative (a table as a pipe table
 and as HTML, math in both delimiters, a heading with and without its # marks); the proposer's
 trie verifies them all and follows whichever the model writes. Within a document, the forms the
-model wrote on earlier pages settle the later pages' drafts (`settled`).
+model wrote on earlier pages settle the later pages' drafts (`settled`). A family whose outputs
+open with front matter (olmOCR's YAML block) gets that drafted too, and split off its outputs.
 """
 
 from __future__ import annotations
 
 import html
 import re
+import unicodedata
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
+
+import yaml
 
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.records import Block, BlockKind
@@ -38,7 +44,7 @@ _LINE_BREAK = re.compile(r"[ \t]*\n[ \t]*(?=\S)")
 # Inline math as the text-layer draft writes it (stages/draft/math.py).
 _INLINE_MATH = re.compile(r"\\\((.+?)\\\)")
 # The settings a page's drafts follow, as its JSON reports them; those a document's pages settle.
-DIALECT_KEYS = ("table_format", "math_delimiters", "headings", "emphasis", "line_breaks")
+DIALECT_KEYS = ("table_format", "math_delimiters", "headings", "emphasis", "line_breaks", "front_matter")
 SETTLED_KEYS = ("table_format", "math_delimiters", "headings")
 # What a model's output shows of its dialect: (setting, value, evidence).
 _EVIDENCE = (
@@ -49,6 +55,19 @@ _EVIDENCE = (
     ("math_delimiters", "dollar", re.compile(r"(?<![\\$])\$(?!\s)[^$\n]*[\\_^][^$\n]*(?<!\s)\$")),
     ("headings", "markdown", re.compile(r"^#{1,6} \S", re.MULTILINE)),
 )
+
+# olmOCR's front matter, in the order and spelling olmocr/pipeline.py's guided decoding allows.
+_OLMOCR_FRONT_MATTER = (
+    "---\nprimary_language: {language}\nis_rotation_valid: True\nrotation_correction: 0\n"
+    "is_table: {table}\nis_diagram: False\n---\n"
+)
+_FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---(?:\n|\Z)", re.DOTALL)
+# The language olmOCR names for a page in a script (ISO 639-1); Latin script is taken as English.
+_SCRIPT_LANGUAGES = {
+    "LATIN": "en", "CJK": "zh", "HANGUL": "ko", "ARABIC": "ar", "CYRILLIC": "ru", "GREEK": "el",
+    "HEBREW": "he", "DEVANAGARI": "hi", "THAI": "th",
+}
+_PERSIAN_LETTERS = set("پچژگکی")
 
 
 def html_table(rows: list[list[str]]) -> str:
@@ -137,7 +156,50 @@ def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool])
 
 def page_drafts(blocks: tuple[Block, ...], settings: ModelSettings) -> list[str]:
     """The page stage's drafts when no region pass runs (`--stages page`, `hsd bench acceptance`)."""
-    return [text for block, _ in draft_plan(blocks, lambda block: False) for text in block_drafts(block, settings)]
+    block_texts = [text for block, _ in draft_plan(blocks, lambda block: False) for text in block_drafts(block, settings)]
+    return front_matter_drafts(blocks, settings) + block_texts
+
+
+def primary_language(text: str) -> str:
+    """The ISO 639-1 code of the script most of the text's letters are in, "null" without letters
+    (as olmOCR writes a blank page's): kana makes it Japanese, Persian letters Persian."""
+    scripts = Counter(unicodedata.name(char, "").split(" ")[0] for char in text if char.isalpha())
+    if not scripts:
+        return "null"
+    if scripts["HIRAGANA"] or scripts["KATAKANA"]:
+        return "ja"
+    script = scripts.most_common(1)[0][0]
+    if script == "ARABIC" and _PERSIAN_LETTERS & set(text):
+        return "fa"
+    return _SCRIPT_LANGUAGES.get(script, "en")
+
+
+def front_matter_drafts(blocks: tuple[Block, ...], settings: ModelSettings) -> list[str]:
+    """The front matter the family's outputs open with: olmOCR's YAML block with the page's
+    language guessed from its text and `is_table` both ways (the likelier first: tables hold most
+    of the page's text)."""
+    if settings.front_matter == "none":
+        return []
+    text = "".join(block.text for block in blocks)
+    tabular = 2 * sum(len(block.text) for block in blocks if block.kind is BlockKind.TABLE) > len(text)
+    language = primary_language(text)
+    return [_OLMOCR_FRONT_MATTER.format(language=language, table=table) for table in (tabular, not tabular)]
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str]:
+    """An output's leading YAML front matter as plain JSON values (None where it has none, or no
+    YAML mapping, as when decoding stopped inside it) and the text after it."""
+    match = _FRONT_MATTER.match(text)
+    if not match:
+        return None, text
+    try:
+        fields = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return None, text
+    if not isinstance(fields, dict):
+        return None, text
+    plain = (str, int, float, bool, type(None))
+    return {str(key): value if isinstance(value, plain) else str(value) for key, value in fields.items()}, text[match.end():].strip()
 
 
 def settled(settings: ModelSettings, earlier_outputs: Sequence[str]) -> ModelSettings:

@@ -26,7 +26,7 @@ from hsd_cli.decoding import (
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.records import Block, PageImage
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
-from hsd_cli.stages.dialect import DIALECT_KEYS, block_drafts, draft_plan, settled
+from hsd_cli.stages.dialect import DIALECT_KEYS, block_drafts, draft_plan, front_matter_drafts, settled, split_front_matter
 from hsd_cli.stages.rasterize import crop_block
 
 REGION_BATCH = 8
@@ -128,7 +128,7 @@ class VlmStages:
             # A looping region is cut and its pipeline drafts stand in for it.
             if result.stop_reason != "repetition" and result.text.strip():
                 per_block[slot] = [result.text]
-        drafts = [text for texts in per_block for text in texts]
+        drafts = front_matter_drafts(blocks, settings) + [text for texts in per_block for text in texts]
         return drafts, results
 
     def page(
@@ -145,7 +145,8 @@ class VlmStages:
             match=self.settings.draft_match,
         )
         page_done = time.perf_counter()
-        timings = {"region_s": regions_done - started, "page_s": page_done - regions_done,
+        # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
+        timings = {"region_s": regions_done - started if region_results else 0.0, "page_s": page_done - regions_done,
                    "prefill_s": result.stats.prefill_s}
         baseline = None
         if self.options.baseline:
@@ -161,7 +162,10 @@ class VlmStages:
         flags: tuple[str, ...] = ("vlm",)
         if not replay_fingerprint_check(self.options.model, image.image):
             flags += (OUTSIDE_REPLAY_SET,)
-        text: str | None = result.text.strip()
+        output = result.text.strip()
+        # The front matter goes to the JSON; the Markdown is the page's text.
+        front_matter, body = split_front_matter(output) if settings.front_matter != "none" else (None, output)
+        text: str | None = body
         rejected = None
         if result.stop_reason == "repetition" or not text:
             flags += ("fallback", "repetition" if result.stop_reason == "repetition" else "empty")
@@ -172,6 +176,8 @@ class VlmStages:
             "page": _counts(result.stats), "stop_reason": result.stop_reason,
             "dialect": {name: getattr(settings, name) for name in DIALECT_KEYS},
         }
+        if front_matter is not None:
+            stats["front_matter"] = front_matter
         if region_results:
             stats["regions"] = _region_counts(region_results)
         if baseline is not None:
