@@ -138,9 +138,13 @@ def keyed_sampler(sampling, prompt_length: int):
 
 
 def run_generate(target, image, prompt: str, max_new_tokens: int, sampling, **generate_kwargs) -> Run:
-    """One plain `generate` (greedy or keyed sampling; prompt lookup with `prompt_lookup_num_tokens`)."""
+    """One plain `generate` (greedy or keyed sampling; prompt lookup with `prompt_lookup_num_tokens`),
+    without the checkpoint's own logit shaping (a repetition penalty and the like)."""
     from transformers import LogitsProcessorList
 
+    from hsd_cli.decoding.hf_adapter import plain_generate_overrides
+
+    generate_kwargs = {**plain_generate_overrides(target.model), **generate_kwargs}
     inputs = target.inputs([image], [prompt])
     prompt_length = inputs["input_ids"].shape[1]
     if not sampling.greedy:

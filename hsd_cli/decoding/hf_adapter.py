@@ -318,6 +318,30 @@ class BatchState:
     rows: list[int]  # the caller's index of each row still in the batch
 
 
+# generation_config fields that change which token `generate` picks even with do_sample=False.
+# Checkpoints set some (Qwen's ship repetition_penalty 1.05), which would make a greedy
+# `generate` something other than the plain argmax decoding that speculation must equal.
+_LOGIT_SHAPING_FIELDS = (
+    "repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
+    "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty",
+)
+
+
+def plain_generate_overrides(model) -> dict:
+    """`generate` keyword arguments that undo the checkpoint's logit shaping (each field at the
+    library default where the checkpoint sets another), so greedy `generate` is plain argmax."""
+    from transformers import GenerationConfig
+
+    library = GenerationConfig()
+    own = model.generation_config
+    return {
+        name: getattr(library, name)
+        for name in _LOGIT_SHAPING_FIELDS
+        if getattr(own, name, None) != getattr(library, name, None)
+    }
+
+
 class HFTarget:
     """A transformers image-text-to-text model seen as a tree-verification target."""
 

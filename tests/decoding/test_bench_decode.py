@@ -38,3 +38,23 @@ def test_bench_decode_with_given_draft_texts(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["arms"]["hsd"]["identical_to_ar"] is True and report["draft_noise"] is None
+
+
+def test_the_generate_baseline_is_plain_greedy_whatever_the_checkpoint_sets(tmp_path):
+    import pymupdf
+
+    from hsd_cli.bench.decode import run_generate
+    from hsd_cli.decoding import DecodeConfig, SamplingConfig, decode
+    from hsd_cli.decoding.hf_adapter import load_target
+    from hsd_cli.models.tiny import build_tiny_random
+
+    target = load_target(str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), device="cpu", dtype="float32")
+    image = pymupdf.open().new_page().get_pixmap().pil_image()
+    plain = decode(target, image, "Read this.", [], DecodeConfig(max_new_tokens=40)).tokens
+    assert run_generate(target, image, "Read this.", 40, SamplingConfig()).tokens == plain
+    # Qwen checkpoints ship a repetition penalty; generate applies it even without sampling.
+    target.model.generation_config.repetition_penalty = 1.05
+    target.model.generation_config.no_repeat_ngram_size = 2
+    shaped = target.model.generate(**target.inputs([image], ["Read this."]), max_new_tokens=40, do_sample=False)
+    assert shaped[0, -40:].tolist() != plain, "the checkpoint's settings change generate's output"
+    assert run_generate(target, image, "Read this.", 40, SamplingConfig()).tokens == plain
