@@ -297,3 +297,30 @@ def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(
     assert blank.text is None and "empty" in blank.flags and blank.stats["front_matter"]["primary_language"] is None
     assert seen_drafts[1][0].startswith("---\nprimary_language: null\n")
 
+
+
+def test_a_page_the_front_matter_calls_rotated_is_turned_and_read_again(tmp_path, monkeypatch):
+    from hsd_cli.decoding import DecodeResult, DecodeStats
+    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.records import PageImage
+    from hsd_cli.stages import vlm
+
+    stages = vlm.VlmStages(vlm.VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
+    image = PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
+    sideways = OLMOCR_OUTPUT.replace("is_rotation_valid: True\nrotation_correction: 0", "is_rotation_valid: False\nrotation_correction: 90")
+    seen_sizes, outputs = [], [sideways.replace("The harvest", "Garbled"), OLMOCR_OUTPUT]
+
+    def olmocr_decode(target, image, prompt, drafts, config, match="tokens"):
+        seen_sizes.append(image.size)
+        return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=5, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
+
+    monkeypatch.setattr(vlm, "decode", olmocr_decode)
+    prose = (block(BlockKind.TEXT, "The harvest came early."),)
+    output = stages.page(image, prose, lambda block: False)
+    assert output.text == "The harvest came early." and "rotated" in output.flags
+    assert seen_sizes == [image.image.size, image.image.size[::-1]], "read again turned a quarter"
+    assert output.stats["rotation"] == {"degrees": 90, "reads": 2, "earlier_forwards": 5}
+    outputs[:] = [sideways] * 5  # a model that never calls the page upright: four reads, the last one kept
+    stuck = stages.page(image, prose, lambda block: False)
+    assert stuck.stats["rotation"] == {"degrees": 270, "reads": 4, "earlier_forwards": 15} and len(outputs) == 1
+    assert stuck.text == "The harvest came early." and "rotated" in stuck.flags

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from PIL import Image
 
 from hsd_cli.decoding import (
     DecodeConfig,
@@ -30,6 +31,10 @@ from hsd_cli.stages.dialect import DIALECT_KEYS, block_drafts, draft_plan, front
 from hsd_cli.stages.rasterize import crop_block
 
 REGION_BATCH = 8
+# A page whose front matter says it is rotated is turned by the model's correction and read again,
+# as olmOCR does (its pipeline turns the image with these transposes, up to 8 reads; hsd: 4).
+ROTATION_REREADS = 3
+_TURN = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
 # Flag of a page that a replay model (a benchmark stand-in) was not built on.
 OUTSIDE_REPLAY_SET = "outside_replay_set"
 
@@ -140,17 +145,15 @@ class VlmStages:
         settings = settled(self.settings, earlier_outputs)
         drafts, region_results = self.page_drafts(image, blocks, wants_region, settings)
         regions_done = time.perf_counter()
-        result = decode(
-            self.target, image.image, self.settings.page_prompt, drafts, self.decode_config,
-            match=self.settings.draft_match,
-        )
+        read = self._upright_read(image.image, drafts, settings)
+        result = read.result
         page_done = time.perf_counter()
         # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
         timings = {"region_s": regions_done - started if region_results else 0.0, "page_s": page_done - regions_done,
                    "prefill_s": result.stats.prefill_s}
         baseline = None
         if self.options.baseline:
-            plain = decode(self.target, image.image, self.settings.page_prompt, [], self.decode_config)
+            plain = decode(self.target, read.picture, self.settings.page_prompt, [], self.decode_config)
             timings["baseline_page_s"] = time.perf_counter() - page_done
             # Exact in fp32; in bf16 a near-tie can flip, so report where instead of asserting.
             divergence = next(
@@ -162,10 +165,9 @@ class VlmStages:
         flags: tuple[str, ...] = ("vlm",)
         if not replay_fingerprint_check(self.options.model, image.image):
             flags += (OUTSIDE_REPLAY_SET,)
-        output = result.text.strip()
-        # The front matter goes to the JSON; the Markdown is the page's text.
-        front_matter, body = split_front_matter(output) if settings.front_matter != "none" else (None, output)
-        text: str | None = body
+        if read.rotation:
+            flags += ("rotated",)
+        text: str | None = read.text
         rejected = None
         if result.stop_reason == "repetition" or not text:
             flags += ("fallback", "repetition" if result.stop_reason == "repetition" else "empty")
@@ -176,13 +178,52 @@ class VlmStages:
             "page": _counts(result.stats), "stop_reason": result.stop_reason,
             "dialect": {name: getattr(settings, name) for name in DIALECT_KEYS},
         }
-        if front_matter is not None:
-            stats["front_matter"] = front_matter
+        if read.front_matter is not None:
+            stats["front_matter"] = read.front_matter
+        if read.reads > 1:
+            stats["rotation"] = {"degrees": read.rotation, "reads": read.reads, "earlier_forwards": read.earlier_forwards}
         if region_results:
             stats["regions"] = _region_counts(region_results)
         if baseline is not None:
             stats["baseline"] = baseline
         return VlmPageOutput(text=text, rejected_text=rejected, flags=flags, stats=stats, timings=timings)
+
+    def _upright_read(self, picture: Image.Image, drafts: list[str], settings: ModelSettings) -> UprightRead:
+        """The page stage's decoding of the picture; where the output's front matter says the page
+        is rotated, the picture turned by the model's correction and read again."""
+        rotation, earlier_forwards, reads = 0, 0, 0
+        while True:
+            reads += 1
+            turned = picture.transpose(_TURN[rotation]) if rotation else picture
+            result = decode(self.target, turned, self.settings.page_prompt, drafts, self.decode_config,
+                            match=self.settings.draft_match)
+            output = result.text.strip()
+            # The front matter goes to the JSON; the Markdown is the page's text.
+            front_matter, body = split_front_matter(output) if settings.front_matter != "none" else (None, output)
+            correction = rotation_correction(front_matter)
+            if not correction or reads > ROTATION_REREADS:
+                return UprightRead(result, turned, front_matter, body, rotation, reads, earlier_forwards)
+            earlier_forwards += result.stats.forwards
+            rotation = (rotation + correction) % 360
+
+
+@dataclass(frozen=True)
+class UprightRead:
+    result: DecodeResult  # the last read
+    picture: Image.Image  # what it read: the page turned by `rotation`
+    front_matter: dict[str, Any] | None
+    text: str  # its output without the front matter
+    rotation: int  # degrees the page was turned (PIL's counter-clockwise transposes, as olmOCR)
+    reads: int
+    earlier_forwards: int  # forwards of the reads the front matter sent back
+
+
+def rotation_correction(front_matter: dict[str, Any] | None) -> int:
+    """The degrees the front matter says the page must be turned by, 0 where it is upright."""
+    if not front_matter or front_matter.get("is_rotation_valid") is not False:
+        return 0
+    correction = front_matter.get("rotation_correction")
+    return correction if correction in _TURN else 0
 
 
 def _counts(stats: DecodeStats) -> dict[str, Any]:
