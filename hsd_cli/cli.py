@@ -21,7 +21,7 @@ from hsd_cli import __version__
 from hsd_cli.bench import bench_app
 from hsd_cli.eval import eval_app
 from hsd_cli.replay import replay_app
-from hsd_cli.config import ConvertConfig, DraftBackendName, ImageMode, RunConfig, Stages, UsageError
+from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Stages, UsageError
 from hsd_cli.settings import describe_sources, load_config_callback
 
 app = typer.Typer(
@@ -154,6 +154,17 @@ def convert(
     max_docs_per_worker: Annotated[
         int, typer.Option(envvar=_env("max_docs_per_worker"), help="Replace the worker process after this many documents.")
     ] = 50,
+    executor: Annotated[
+        Executor,
+        typer.Option(envvar=_env("executor"), help="Run documents in local worker processes or on a Ray cluster (pip install 'hsd-cli\\[ray]'; OUT must be a path every node sees)."),
+    ] = Executor.LOCAL,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(envvar=_env("ray_address"), help="With --executor ray: auto (a running cluster) or HOST:PORT (default: RAY_ADDRESS, else a Ray instance on this machine)."),
+    ] = None,
+    gpus_per_worker: Annotated[
+        float, typer.Option(envvar=_env("gpus_per_worker"), help="With --executor ray: GPUs per worker actor (0 = CPU workers, one per CPU).")
+    ] = 0.0,
     events: Annotated[
         str | None, typer.Option(envvar=_env("events"), help="Write NDJSON progress events to FILE, or stdout with '-'.")
     ] = None,
@@ -169,6 +180,7 @@ def convert(
     from hsd_cli.output.manifest import OutputLockedError
     from hsd_cli.tasks import vlm_options
     from hsd_cli.runner import EventLog, ExitCode, Reporter, read_files_from, run_convert
+    from hsd_cli.worker import ExecutorUnavailableError
 
     console = Console(stderr=True)
     reporter = Reporter(console=console, quiet=quiet, debug=debug)
@@ -207,6 +219,9 @@ def convert(
             doc_timeout=doc_timeout,
             max_page_error_rate=max_page_error_rate,
             max_docs_per_worker=max_docs_per_worker,
+            executor=executor,
+            ray_address=ray_address,
+            gpus_per_worker=gpus_per_worker,
         )
     except UsageError as exc:
         raise usage(str(exc)) from None
@@ -251,6 +266,9 @@ def convert(
         )
     except OutputLockedError as exc:
         reporter.error(str(exc), "wait for it to finish, or use another -o")
+        raise typer.Exit(ExitCode.ENVIRONMENT) from None
+    except ExecutorUnavailableError as exc:
+        reporter.error(str(exc), exc.hint)
         raise typer.Exit(ExitCode.ENVIRONMENT) from None
     except KeyboardInterrupt:
         reporter.error("interrupted: documents finished so far are written and recorded in the manifest")

@@ -30,6 +30,13 @@ class Stages(StrEnum):
     REGION_PAGE = "region-page"
 
 
+class Executor(StrEnum):
+    """Where documents run: worker processes on this machine, or actors on a Ray cluster."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
 class UsageError(ValueError):
     """A bad option value; the CLI turns it into exit code 2."""
 
@@ -112,10 +119,17 @@ class RunConfig:
     doc_timeout: float = 0.0
     max_page_error_rate: float = 0.2
     max_docs_per_worker: int = 50
+    executor: Executor = Executor.LOCAL
+    ray_address: str | None = None  # None: RAY_ADDRESS, else a Ray instance started for the run
+    gpus_per_worker: float = 0.0  # Ray: GPUs each worker actor claims (0 = a CPU worker)
 
     def __post_init__(self) -> None:
         if self.shard is not None:
             parse_shard(self.shard)
+        if self.executor is Executor.LOCAL and (self.ray_address is not None or self.gpus_per_worker):
+            raise UsageError("--ray-address and --gpus-per-worker need --executor ray")
+        if self.gpus_per_worker < 0:
+            raise UsageError(f"--gpus-per-worker must be >= 0, got {self.gpus_per_worker:g}")
         if self.page_timeout < 0 or self.doc_timeout < 0:
             raise UsageError("timeouts must be >= 0 seconds (0 = no limit)")
         if not 0.0 <= self.max_page_error_rate <= 1.0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import io
 import os
+import signal
 import pickle
 import sys
 import time
@@ -45,13 +46,16 @@ def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[st
     return tuple((block_id, crop) for block_id, crop in crops if crop is not None)
 
 
-def debug_stall(doc: InputDocument, page_no: int, stage: str) -> None:
-    """Debug setting, for trying --page-timeout and --doc-timeout (the tests use it too):
-    HSD_DEBUG_STALL=<file name>:<page>[:vlm] hangs that page's draft (or VLM) stage, as a
-    looping decode or a stuck native library would. Read here only, in the worker process."""
-    wanted = os.environ.get("HSD_DEBUG_STALL", "")
-    if wanted in (f"{doc.path.name}:{page_no}:{stage}", f"{doc.path.name}:{page_no}" if stage == "draft" else None):
+def debug_fault(doc: InputDocument, page_no: int, stage: str) -> None:
+    """Debug settings, for trying --page-timeout, --doc-timeout and worker deaths (the tests use
+    them too): HSD_DEBUG_STALL=<file name>:<page>[:vlm] hangs that page's draft (or VLM) stage, as
+    a looping decode or a stuck native library would; HSD_DEBUG_CRASH=<file name>:<page> kills the
+    worker there, as a segfault would. Read here only, in the worker."""
+    wanted = {f"{doc.path.name}:{page_no}:{stage}"} | ({f"{doc.path.name}:{page_no}"} if stage == "draft" else set())
+    if os.environ.get("HSD_DEBUG_STALL", "") in wanted:
         time.sleep(3600)
+    if os.environ.get("HSD_DEBUG_CRASH", "") in wanted:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> tuple[PageResult, PageImage]:
@@ -137,7 +141,7 @@ def _convert_page(
     document's model outputs so far); each stage retried once."""
     page_no = page.number + 1
     warnings = []
-    debug_stall(task.doc, page_no, "draft")
+    debug_fault(task.doc, page_no, "draft")
     drafted, error = _with_retries(lambda: draft_stage(page, backend, task.config))
     if drafted is None:
         return failed_page(page, "error"), [f"page {page_no}: {error}"]
@@ -147,7 +151,7 @@ def _convert_page(
 
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
-        debug_stall(task.doc, page_no, "vlm")
+        debug_fault(task.doc, page_no, "vlm")
         decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config, earlier_outputs))
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")

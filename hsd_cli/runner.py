@@ -6,13 +6,15 @@ import hashlib
 import json
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import IntEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -20,12 +22,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hsd_cli import __version__
-from hsd_cli.config import ConvertConfig, RunConfig, parse_shard
+from hsd_cli.config import ConvertConfig, Executor, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, with_speedup
 from hsd_cli.records import DocStatus
-from hsd_cli.worker import Limits, WorkerPool, peak_rss_mib
+from hsd_cli.worker import Limits, ProcessWorker, Worker, WorkerPool, peak_rss_mib
+
+if TYPE_CHECKING:
+    from hsd_cli.ray_executor import RayExecutor
 
 
 class ExitCode(IntEnum):
@@ -49,13 +54,15 @@ class EventLog:
 
     def __init__(self, stream: IO[str] | None) -> None:
         self.stream = stream
+        self.writing = threading.Lock()  # whole lines from every worker thread
 
     def emit(self, event: str, **fields: Any) -> None:
         if self.stream is None:
             return
         record = {"event": event, "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **fields}
-        self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.stream.flush()
+        with self.writing:
+            self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self.stream.flush()
 
 
 @dataclass
@@ -185,6 +192,26 @@ def _manifest_record(
     }
 
 
+class LocalExecutor:
+    """Worker processes on this machine: one at a time (each uses every core)."""
+
+    slots = 1
+
+    def start_worker(self) -> Worker:
+        return ProcessWorker()
+
+    def close(self) -> None:
+        pass
+
+
+def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayExecutor:
+    if run.executor is Executor.LOCAL:
+        return LocalExecutor()
+    from hsd_cli.ray_executor import RayExecutor  # imports ray: only when asked for
+
+    return RayExecutor.connect(run.ray_address, run.gpus_per_worker, config.output_dir)
+
+
 class BatchRun:
     """One `hsd convert` invocation over its documents, holding the output lock throughout."""
 
@@ -194,23 +221,26 @@ class BatchRun:
         self.reporter = reporter
         self.events = events
         self.config_hash = config_hash(config)
-        self.pool = WorkerPool(
-            Limits(run.page_timeout, run.doc_timeout, run.max_docs_per_worker),
-        )
+        self.limits = Limits(run.page_timeout, run.doc_timeout, run.max_docs_per_worker)
+        # Held while the manifest, the display and the events take a finished document: documents
+        # finish on several threads when the executor runs several workers.
+        self.recording = threading.Lock()
 
-    def convert_one(self, doc: InputDocument, outputs: OutputPaths, manifest: Manifest) -> DocumentOutcome:
+    def convert_one(
+        self, doc: InputDocument, outputs: OutputPaths, manifest: Manifest, pool: WorkerPool
+    ) -> DocumentOutcome:
         key = str(outputs.markdown.relative_to(self.config.output_dir).with_suffix(""))
         try:
             sha256 = file_sha256(doc.path)
         except OSError as exc:
-            return DocumentOutcome(input=str(doc.path), status=DocStatus.FAILED, error=f"cannot read: {exc.strerror}")
+            return self.record(DocumentOutcome(input=str(doc.path), status=DocStatus.FAILED, error=f"cannot read: {exc.strerror}"))
         decision = manifest.decide(
             key, sha256, self.config_hash, self.config.model, self.run.overwrite, self.run.retry_failed
         )
         if not decision.run:
-            return DocumentOutcome(
+            return self.record(DocumentOutcome(
                 input=str(doc.path), status=decision.status, error=decision.error, sha256=sha256, note=decision.reason
-            )
+            ))
         checkpoints = self.config.output_dir / STATE_DIR / "pages" / f"{sha256[:16]}-{self.config_hash}"
         task = DocumentTask(
             doc=doc,
@@ -221,10 +251,9 @@ class BatchRun:
             max_page_error_rate=self.run.max_page_error_rate,
         )
         self.events.emit("doc_started", input=str(doc.path))
-        outcome = self.pool.convert(
-            task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload)
-        )
-        manifest.append(_manifest_record(key, doc.path, outcome, self.config, self.config_hash))
+        outcome = pool.convert(task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload))
+        with self.recording:
+            manifest.append(_manifest_record(key, doc.path, outcome, self.config, self.config_hash))
         shutil.rmtree(checkpoints, ignore_errors=True)
         self.events.emit(
             "doc_failed" if outcome.status.is_failure else "doc_done",
@@ -233,6 +262,11 @@ class BatchRun:
             error=outcome.error,
             pages=outcome.pages,
         )
+        return self.record(outcome)
+
+    def record(self, outcome: DocumentOutcome) -> DocumentOutcome:
+        with self.recording:
+            self.reporter.document(outcome)
         return outcome
 
     def record_missing(self, path: Path, manifest: Manifest) -> DocumentOutcome:
@@ -241,31 +275,57 @@ class BatchRun:
         outcome = DocumentOutcome(input=str(path), status=DocStatus.MISSING, error="no such file or directory")
         manifest.append(_manifest_record(str(path.absolute()), path, outcome, self.config, self.config_hash))
         self.events.emit("doc_failed", input=str(path), status=outcome.status.value, error=outcome.error, pages=0)
-        return outcome
+        return self.record(outcome)
 
     def execute(self, planned: list[tuple[InputDocument, OutputPaths]], missing: list[Path]) -> list[DocumentOutcome]:
-        """Missing inputs first, so a typo shows before a long batch; then the documents."""
-        outcomes: list[DocumentOutcome] = []
+        """Missing inputs first, so a typo shows before a long batch; then the documents, on as
+        many workers as the executor has room for. Outcomes come back in input order."""
         with OutputLock(self.config.output_dir):
             remove_stale_temp_files(self.config.output_dir)
             manifest = Manifest(self.config.output_dir)
+            executor = open_executor(self.config, self.run)
             self.reporter.start(len(missing) + len(planned))
             try:
-                for path in missing:
-                    outcome = self.record_missing(path, manifest)
-                    self.reporter.document(outcome)
-                    outcomes.append(outcome)
-                for doc, outputs in planned:
-                    outcome = self.convert_one(doc, outputs, manifest)
-                    self.reporter.document(outcome)
-                    outcomes.append(outcome)
-            except BaseException:
-                self.pool.abort()
-                raise
+                outcomes = [self.record_missing(path, manifest) for path in missing]
+                return outcomes + self._convert_all(planned, manifest, executor)
             finally:
                 self.reporter.stop()
-                self.pool.close()
-        return outcomes
+                executor.close()
+
+    def _convert_all(
+        self, planned: list[tuple[InputDocument, OutputPaths]], manifest: Manifest, executor: LocalExecutor | RayExecutor
+    ) -> list[DocumentOutcome]:
+        cancelled = threading.Event()
+        pools = [WorkerPool(self.limits, executor.start_worker, cancelled) for _ in range(min(executor.slots, len(planned)))]
+        todo = iter(enumerate(planned))
+        taking = threading.Lock()
+        outcomes: list[DocumentOutcome | None] = [None] * len(planned)
+
+        def serve(pool: WorkerPool) -> None:
+            try:
+                while not cancelled.is_set():
+                    with taking:
+                        index, (doc, outputs) = next(todo, (None, (None, None)))
+                    if index is None:
+                        return
+                    outcomes[index] = self.convert_one(doc, outputs, manifest, pool)
+            finally:
+                pool.close()
+
+        threads = ThreadPoolExecutor(max_workers=max(1, len(pools)), thread_name_prefix="hsd-worker")
+        futures = [threads.submit(serve, pool) for pool in pools]
+        try:
+            # The main thread waits in short slices so that Ctrl-C reaches it at once.
+            while not all(future.done() for future in futures):
+                wait(futures, timeout=0.25)
+            for future in futures:
+                future.result()  # a driver-side error (not a document's) ends the run
+        except BaseException:
+            cancelled.set()
+            threads.shutdown(wait=True, cancel_futures=True)
+            raise
+        threads.shutdown(wait=True)
+        return [outcome for outcome in outcomes if outcome is not None]
 
 
 def run_convert(

@@ -98,6 +98,22 @@ def test_document_timeout_fires(docs_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_a_worker_that_dies_on_a_page_is_replaced_and_the_page_lost_only_the_second_time(docs_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HSD_DEBUG_CRASH", "report.pdf:2")
+    events = tmp_path / "events.ndjson"
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--json", "--events", events,
+        "--max-page-error-rate", "0.5",
+    )
+    assert result.exit_code == 0 and _statuses(result) == {"report.pdf": "degraded"}
+    deaths = [json.loads(line) for line in events.read_text().splitlines()]
+    deaths = [(e["event"], e["page"]) for e in deaths if e["event"] in ("worker_lost", "page_lost")]
+    assert deaths == [("worker_lost", 2), ("page_lost", 2)], "tried once more, then given up"
+    document = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert document["pages"][1]["flags"] == ["failed", "crash"]
+    assert document["pages"][0]["blocks"], "the page before the crash is kept"
+
+
 def test_sigkill_mid_run_then_rerun_loses_and_duplicates_nothing(corpus, tmp_path):
     for n in range(4, 8):
         (corpus / f"doc{n}.pdf").write_bytes((corpus / "doc0.pdf").read_bytes() + f"% {n}\n".encode())
