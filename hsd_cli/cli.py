@@ -131,7 +131,7 @@ def convert(
         int | None, typer.Option(envvar=_env("max_new_tokens"), help="Token budget per page (default: per family).")
     ] = None,
     baseline: Annotated[
-        bool, typer.Option(envvar=_env("baseline"), help="Also decode each page plainly, to measure the speedup.")
+        bool, typer.Option(envvar=_env("baseline"), help="Also decode each page plainly with transformers' generate, to measure the speedup against it.")
     ] = False,
     overwrite: Annotated[
         bool, typer.Option(envvar=_env("overwrite"), help="Convert again even what the manifest says is done.")

@@ -142,24 +142,18 @@ def run_generate(target, image, prompt: str, max_new_tokens: int, sampling, **ge
     without the checkpoint's own logit shaping (a repetition penalty and the like)."""
     from transformers import LogitsProcessorList
 
-    from hsd_cli.decoding.hf_adapter import plain_generate_overrides
-
-    generate_kwargs = {**plain_generate_overrides(target.model), **generate_kwargs}
-    inputs = target.inputs([image], [prompt])
-    prompt_length = inputs["input_ids"].shape[1]
     if not sampling.greedy:
+        prompt_length = target.inputs([image], [prompt])["input_ids"].shape[1]
         generate_kwargs["logits_processor"] = LogitsProcessorList([keyed_sampler(sampling, prompt_length)])
     prefill_start = perf_counter()
-    target.model.generate(**inputs, max_new_tokens=1, do_sample=False, **generate_kwargs)
+    target.generate_plainly(image, prompt, 1, **generate_kwargs)
     prefill_s = perf_counter() - prefill_start
     counter = ForwardCounter(target.model)
     start = perf_counter()
-    out = target.model.generate(
-        **inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=target.stop_token_ids, **generate_kwargs
-    )
+    tokens = target.generate_plainly(image, prompt, max_new_tokens, **generate_kwargs)
     total_s = perf_counter() - start
     counter.close()
-    return Run(total_s, prefill_s, 0.0, counter.count, out[0, prompt_length:].tolist())
+    return Run(total_s, prefill_s, 0.0, counter.count, tokens)
 
 
 def run_hsd(target, image, prompt: str, draft_tokens: list[list[int]], config, proposer_config) -> Run:

@@ -342,6 +342,22 @@ def plain_generate_overrides(model) -> dict:
     }
 
 
+class _RepetitionStop:
+    """hsd's repetition guard as a `generate` stopping criterion (a callable is all `generate`
+    asks of one), so that plain decoding stops where hsd's loop stops."""
+
+    def __init__(self, repeats: int, prompt_length: int) -> None:
+        from .loop import RepetitionGuard
+
+        self.guard = RepetitionGuard(repeats)
+        self.prompt_length = prompt_length
+        self.lookback = len(self.guard.runs)  # the guard looks at most this many tokens back
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        recent = input_ids[0, max(self.prompt_length, input_ids.shape[1] - self.lookback):].tolist()
+        return torch.full((input_ids.shape[0],), self.guard.loops_after(recent), dtype=torch.bool, device=input_ids.device)
+
+
 class HFTarget:
     """A transformers image-text-to-text model seen as a tree-verification target."""
 
@@ -358,6 +374,24 @@ class HFTarget:
         self.vision_token_ids = adapter.vision_token_ids(model.config)
 
     # -- text --------------------------------------------------------------------------------
+
+    def generate_plainly(
+        self, image: Image.Image | None, prompt: str, max_new_tokens: int, repetition_guard: int | None = None,
+        **generate_kwargs,
+    ) -> list[int]:
+        """The output of transformers' own `generate`: greedy, without the checkpoint's logit
+        shaping, ending where hsd's loop ends (a stop token, the budget, the repetition guard).
+        What every speculative output must equal, and the speed it is measured against."""
+        from transformers import StoppingCriteriaList
+
+        inputs = self.inputs([image], [prompt])
+        prompt_length = inputs["input_ids"].shape[1]
+        stops = [_RepetitionStop(repetition_guard, prompt_length)] if repetition_guard else []
+        out = self.model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=self.stop_token_ids,
+            stopping_criteria=StoppingCriteriaList(stops), **{**plain_generate_overrides(self.model), **generate_kwargs},
+        )
+        return out[0, prompt_length:].tolist()
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -108,6 +108,24 @@ def test_eos_and_budget_stop_like_generate(tiny_target, page_image, reference):
     assert short.tokens == reference[:37] and short.stop_reason == "budget"
 
 
+def test_the_repetition_guard_stops_where_generate_with_it_stops(tmp_path, page_image):
+    """`--baseline` runs transformers' generate with hsd's guard as a stopping criterion: both stop
+    on the same token, also when the loop closes inside one accepted chunk of a draft. A model
+    whose output head is zeroed repeats one token (every logit ties; argmax takes the first)."""
+    from hsd_cli.decoding.hf_adapter import load_target
+    from hsd_cli.models.tiny import build_tiny_random
+
+    target = load_target(str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), device="cpu", dtype="float32")
+    with torch.no_grad():
+        target.model.get_output_embeddings().weight.zero_()
+    for guard in (2, 5):
+        config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=guard)
+        result = speculative(target, page_image, [[0] * LENGTH], config=config)
+        assert result.stop_reason == "repetition" and result.stats.forwards < len(result.tokens)
+        assert result.tokens == [0] * (guard + 1) == target.generate_plainly(page_image, PROMPT, LENGTH, guard)
+    assert len(target.generate_plainly(page_image, PROMPT, LENGTH)) == LENGTH, "without the guard, the budget"
+
+
 def test_batched_sequences_of_different_lengths(tiny_target, make_image):
     cases = [
         (make_image(1, 56, 56), "Read."),
