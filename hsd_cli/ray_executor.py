@@ -15,9 +15,10 @@ import os
 import queue
 import secrets
 import socket
+import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,13 @@ class RayExecutor:
     slots: int
     actor_options: dict[str, Any]
     started_ray: bool  # this run started Ray on this machine, and stops it at the end
+    # Ray prints cluster errors (a worker died, ...) on sys.stdout, where `--json` writes its one
+    # object: while Ray is connected, sys.stdout is stderr (streams opened before, such as
+    # `--events -`, keep the real stdout).
+    stdout: Any = field(default_factory=lambda: sys.stdout)
+
+    def __post_init__(self) -> None:
+        sys.stdout = sys.stderr
 
     @classmethod
     def connect(cls, address: str | None, gpus_per_worker: float, output_dir: Path) -> RayExecutor:
@@ -208,3 +216,4 @@ class RayExecutor:
     def close(self) -> None:
         if self.started_ray:
             ray.shutdown()
+        sys.stdout = self.stdout

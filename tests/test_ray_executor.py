@@ -91,7 +91,7 @@ def _actor_pids() -> list[int]:
 def test_a_worker_actor_killed_mid_run_loses_and_repeats_nothing(cluster, corpus, tmp_path):
     (corpus / "broken.pdf").unlink()
     out, events = tmp_path / "out", tmp_path / "events.ndjson"
-    proc = _driver(corpus, out, cluster, "--events", str(events))
+    proc = _driver(corpus, out, cluster, "--events", str(events), "--json")
 
     def on_a_page() -> bool:
         return events.exists() and '"page_started"' in events.read_text() and bool(_actor_pids())
@@ -101,6 +101,7 @@ def test_a_worker_actor_killed_mid_run_loses_and_repeats_nothing(cluster, corpus
         os.kill(pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr
+    assert json.loads(stdout)["counts"]["ok"] == 4, "stdout holds the summary only, not Ray's notices"
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert any(line["event"] == "worker_lost" for line in lines), "the kill hit a worker at work"
     assert not any(line["event"] == "page_lost" for line in lines), "one death costs no page"
