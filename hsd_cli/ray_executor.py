@@ -47,6 +47,12 @@ class DocumentActor:
 
     def __init__(self) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no weight-loading bars in batch logs
+        # Ray sizes torch's threads (OMP_NUM_THREADS) to the actor's CPUs, but onnxruntime (the draft's
+        # layout and OCR models) sizes its pools to the node's cores: with one actor per CPU the
+        # pools oversubscribe the node and each document took twice as long. Read when a session
+        # is created, which is after this (the pipeline loads in `convert`).
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+        os.environ.setdefault("ORT_INTRA_OP_NUM_THREADS", str(max(1, int(cpus))))
 
     def sees(self, probe: str) -> str | None:
         """The probe file's content as this actor's node reads it (None: not there)."""

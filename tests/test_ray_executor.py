@@ -160,3 +160,19 @@ def test_output_not_shared_with_a_node_is_refused(cluster, docs_dir, tmp_path, m
     assert result.exit_code == 4
     assert "is not visible from Ray node(s)" in result.stderr and "shared filesystem" in result.stderr
     assert not list(tmp_path.glob("*.md"))
+
+
+def test_worker_actors_size_onnxruntime_to_their_cpus(cluster):
+    """onnxruntime sizes its pools to the node's cores unless told; actors of one CPU each on a
+    node must not each run pools as wide as the node (measured: twice the time per document)."""
+    from hsd_cli.ray_executor import DocumentActor
+
+    def threads(actor: object) -> tuple[str | None, str | None]:
+        return os.environ.get("ORT_INTRA_OP_NUM_THREADS"), os.environ.get("OMP_NUM_THREADS")
+
+    for cpus in (1, 2):
+        actor = DocumentActor.options(num_cpus=cpus).remote()
+        try:
+            assert ray.get(actor.__ray_call__.remote(threads), timeout=120) == (str(cpus), str(cpus))
+        finally:
+            ray.kill(actor)
