@@ -21,19 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import pymupdf
 
-from hsd_cli.config import ConvertConfig, ImageMode, Stages, select_pages
+from hsd_cli.config import ConvertConfig, ImageMode, select_pages
 from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageImage, PageResult
+from hsd_cli.stages.dialect import DIALECT_KEYS, page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
-from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
-from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options, with_speedup
+from hsd_cli.stats import DecodingTotals, PageStats, StageSeconds
+from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
 
 if TYPE_CHECKING:
-    from hsd_cli.stages.vlm import VlmStages
+    from hsd_cli.stages.vlm import VlmModel
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
@@ -73,28 +74,46 @@ def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig
 
 
 def vlm_stage(
-    drafted: PageResult, image: PageImage, vlm: VlmStages, config: ConvertConfig, earlier_outputs: list[str]
+    drafted: PageResult, image: PageImage, model: VlmModel, wants_region: Callable[[Block], bool],
+    earlier_outputs: list[str],
 ) -> PageResult:
-    output = vlm.page(image, drafted.blocks, region_planner(config.stages), earlier_outputs)
+    """The region stage where it is planned, the page stage verifying its outputs, then the
+    --baseline reading; drafts follow the dialect of the document's model outputs so far."""
+    # Imported here: a draft-only worker never imports torch and transformers.
+    from hsd_cli.stages.page import baseline_check, page_stage
+    from hsd_cli.stages.region import region_stage
+    from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
+
+    settings = settled(model.settings, earlier_outputs)
+    started = time.perf_counter()
+    regions = region_stage(model, image, drafted.blocks, wants_region, settings)
+    regions_done = time.perf_counter()
+    region_texts = {region.block_id: region.text for region in regions if region.text is not None}
+    read = page_stage(model, image.image, page_drafts(drafted.blocks, settings, region_texts), settings)
+    page_done = time.perf_counter()
+    baseline = baseline_check(model, read) if model.options.baseline else None
+    seconds = StageSeconds(
+        # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
+        region_s=regions_done - started if regions else 0.0,
+        page_s=page_done - regions_done,
+        prefill_s=read.result.stats.prefill_s,
+        baseline_page_s=time.perf_counter() - page_done if baseline else None,
+    )
+    text, rejected, read_flags = read.outcome()
+    stats = PageStats(
+        page=read.result.stats, stop_reason=read.result.stop_reason,
+        dialect={name: getattr(settings, name) for name in DIALECT_KEYS}, seconds=seconds, regions=regions,
+        front_matter=read.front_matter, rotation=read.rotation_reads, baseline=baseline,
+    )
+    flags = ("vlm",) + ((OUTSIDE_REPLAY_SET,) if model.outside_replay_set(image.image) else ()) + read_flags
     return replace(
-        drafted, text=output.text, rejected_text=output.rejected_text, flags=output.flags,
-        timings=drafted.timings | output.timings, stats=output.stats,
+        drafted, text=text, rejected_text=rejected, flags=flags, timings=drafted.timings | seconds.as_json(), stats=stats
     )
 
 
 def with_fallback_flags(drafted: PageResult, reason: str) -> PageResult:
     """The draft standing in for a page whose VLM stage failed, flagged with why."""
     return replace(drafted, flags=("fallback", reason))
-
-
-def region_planner(stages: Stages) -> Callable[[Block], bool]:
-    """Which blocks get a region pass. auto: only where the pipeline draft is uncertain, since a
-    born-digital text layer is already what the page stage would accept (docs/method.md, section 7)."""
-    if stages is Stages.REGION_PAGE:
-        return lambda block: True
-    if stages is Stages.PAGE:
-        return lambda block: False
-    return lambda block: block.kind in (BlockKind.TABLE, BlockKind.FORMULA) or block.source != PdfTextDraft.name
 
 
 def failed_page(page: pymupdf.Page, reason: str) -> PageResult:
@@ -113,13 +132,18 @@ def _checkpoint_path(task: DocumentTask, page_no: int, stage: str = "page") -> P
 
 
 def _load_checkpoint(path: Path) -> PageResult | None:
+    """The page as checkpointed, None where there is none or it is not this hsd's (a checkpoint an
+    earlier version wrote, left by a killed run, is redone)."""
     if not path.exists():
         return None
     try:
         with path.open("rb") as handle:
-            return pickle.load(handle)
-    except (OSError, pickle.UnpicklingError, EOFError):
+            page = pickle.load(handle)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
         return None
+    if not isinstance(page, PageResult) or not isinstance(page.stats, (PageStats, type(None))):
+        return None
+    return page
 
 
 def _with_retries(work: Callable[[], Any]) -> tuple[Any, str | None]:
@@ -134,7 +158,7 @@ def _with_retries(work: Callable[[], Any]) -> tuple[Any, str | None]:
 
 
 def _convert_page(
-    task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmStages | None, emit: EventSink,
+    task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmModel | None, emit: EventSink,
     earlier_outputs: list[str],
 ) -> tuple[PageResult, list[str]]:
     """Draft, checkpoint the draft, then the VLM stages (whose drafts follow the dialect of the
@@ -147,12 +171,13 @@ def _convert_page(
         return failed_page(page, "error"), [f"page {page_no}: {error}"]
     result, image = drafted
     if vlm is not None:
+        from hsd_cli.stages.region import region_planner
         from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
 
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
         debug_fault(task.doc, page_no, "vlm")
-        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config, earlier_outputs))
+        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, region_planner(task.config.stages), earlier_outputs))
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
         elif OUTSIDE_REPLAY_SET in decoded.flags:
@@ -184,15 +209,15 @@ def release_freed_memory() -> None:
             pass
 
 
-def _vlm_stages(config: ConvertConfig) -> VlmStages | None:
-    """The VLM stages, or None for a draft-only run, whose worker then never imports torch and
-    transformers (180 MiB)."""
+def _vlm_model(config: ConvertConfig) -> VlmModel | None:
+    """The model of the VLM stages, or None for a draft-only run, whose worker then never imports
+    torch and transformers (180 MiB)."""
     options = vlm_options(config)
     if options is None:
         return None
-    from hsd_cli.stages.vlm import VlmStages
+    from hsd_cli.stages.vlm import VlmModel
 
-    return VlmStages.shared(options)
+    return VlmModel.shared(options)
 
 
 def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResult, dict[int, str]]:
@@ -206,7 +231,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 DocStatus.SKIPPED, f"no page of --pages {config.pages} in this document ({pdf.page_count} pages)"
             )
         backend = make_draft_backend(config, task.doc.path.stem)
-        vlm = _vlm_stages(config)
+        vlm = _vlm_model(config)
         warnings = [damage] if damage else []
         if pdf.is_repaired:
             warnings.append("the PDF was damaged and has been repaired")
@@ -278,23 +303,6 @@ def write_document(result: DocumentResult, task: DocumentTask) -> dict[str, str]
     return written
 
 
-def decoding_totals(pages: tuple[PageResult, ...] | list[PageResult]) -> dict[str, Any] | None:
-    """Page-stage forwards, tokens and tau over pages; speedup measured when --baseline ran."""
-    decoded = [p for p in pages if p.stats and "page" in p.stats]
-    if not decoded:
-        return None
-    totals: dict[str, Any] = {
-        "pages": len(decoded),
-        "forwards": sum(p.stats["page"]["forwards"] for p in decoded),
-        "new_tokens": sum(p.stats["page"]["new_tokens"] for p in decoded),
-        "region_s": round(sum(p.timings.get("region_s", 0.0) for p in decoded), 3),
-        "page_s": round(sum(p.timings.get("page_s", 0.0) for p in decoded), 3),
-    }
-    if all("baseline_page_s" in p.timings for p in decoded):
-        totals["baseline_page_s"] = round(sum(p.timings["baseline_page_s"] for p in decoded), 3)
-    return with_speedup(totals)
-
-
 def _document_status(result: DocumentResult, failures: dict[int, str], max_rate: float) -> DocStatus:
     """Failed pages (no content) count against --max-page-error-rate; draft fallbacks and a
     source that decoded only in part degrade."""
@@ -344,7 +352,7 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
     for page in result.pages:
         backends[page.backend] = backends.get(page.backend, 0) + 1
     return DocumentOutcome(
-        decoding=decoding_totals(result.pages),
+        decoding=DecodingTotals.of(page.stats for page in result.pages if page.stats),
         input=name,
         status=status,
         error=None,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
+
+if TYPE_CHECKING:
+    from hsd_cli.stats import PageStats
 
 # (x0, y0, x1, y1) in PDF points, origin at the top-left corner of the (unrotated) page.
 BBox = tuple[float, float, float, float]
@@ -86,7 +89,7 @@ class PageResult:
     rejected_text: str | None = None  # the VLM's page output when the draft stood in for it
     flags: tuple[str, ...] = ()  # e.g. "draft_only", "vlm", "fallback"
     timings: dict[str, float] = field(default_factory=dict)
-    stats: dict[str, Any] | None = None
+    stats: PageStats | None = None  # None: no VLM stage ran
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import shutil
 import sys
 import threading
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import IntEnum
+from functools import reduce
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -25,8 +27,9 @@ from hsd_cli import __version__
 from hsd_cli.config import ConvertConfig, Executor, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, with_speedup
+from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256
 from hsd_cli.records import DocStatus
+from hsd_cli.stats import DecodingTotals
 from hsd_cli.worker import Limits, ProcessWorker, Worker, WorkerPool, peak_rss_mib
 
 if TYPE_CHECKING:
@@ -115,9 +118,9 @@ class Reporter:
             backends = ", ".join(f"{name} x{count}" for name, count in sorted(outcome.draft_backends.items()))
             detail = f"{outcome.pages} pages, {outcome.seconds:.1f}s, draft: {backends}" if outcome.pages else outcome.note
             if outcome.decoding:
-                speedup = outcome.decoding["speedup"]
-                unit = "x" if speedup["kind"] == "measured" else "x est."
-                detail += f", tau {outcome.decoding['tau']:.2f}, speedup {speedup['value']:.2f}{unit}"
+                speedup = outcome.decoding.speedup
+                unit = "x" if speedup.kind == "measured" else "x est."
+                detail += f", tau {outcome.decoding.tau:.2f}, speedup {speedup.value:.2f}{unit}"
             self.console.print(f"{label} {escape(outcome.input)} ({escape(detail)})", highlight=False, soft_wrap=True)
         for warning in outcome.warnings:
             self.warn(f"{outcome.input}: {warning}")
@@ -185,7 +188,7 @@ def _manifest_record(
         },
         "stats": {
             "draft_backends": outcome.draft_backends,
-            "decoding": outcome.decoding,
+            "decoding": outcome.decoding.as_json() if outcome.decoding else None,
             "peak_rss_mib": outcome.peak_rss_mib,
         },
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -368,14 +371,8 @@ def run_convert(
     return code, summary
 
 
-def _decoding_summary(per_document: list[dict[str, Any]]) -> dict[str, Any] | None:
-    if not per_document:
-        return None
-    keys = ["pages", "forwards", "new_tokens", "region_s", "page_s"]
-    if all("baseline_page_s" in d for d in per_document):
-        keys.append("baseline_page_s")
-    summed = {key: sum(d.get(key, 0) for d in per_document) for key in keys}
-    return with_speedup({key: round(value, 3) if key.endswith("_s") else value for key, value in summed.items()})
+def _decoding_summary(per_document: list[DecodingTotals]) -> dict[str, Any] | None:
+    return reduce(operator.add, per_document).as_json() if per_document else None
 
 
 def _summary(
@@ -412,7 +409,7 @@ def _summary(
                 "outputs": outcome.outputs,
                 "warnings": list(outcome.warnings),
                 "note": outcome.note,
-                "decoding": outcome.decoding,
+                "decoding": outcome.decoding.as_json() if outcome.decoding else None,
                 "peak_rss_mib": outcome.peak_rss_mib,
             }
             for outcome in outcomes

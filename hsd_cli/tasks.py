@@ -16,6 +16,7 @@ from hsd_cli.config import ConvertConfig, Stages
 from hsd_cli.inputs import InputDocument, OutputPaths
 from hsd_cli.output.json_doc import SCHEMA_VERSION
 from hsd_cli.records import DocStatus
+from hsd_cli.stats import DecodingTotals
 
 if TYPE_CHECKING:
     from hsd_cli.stages.vlm import VlmOptions
@@ -49,7 +50,7 @@ class DocumentOutcome:
     sha256: str | None = None
     draft_backends: dict[str, int] = field(default_factory=dict)
     page_timings: dict[int, dict[str, float]] = field(default_factory=dict)
-    decoding: dict[str, Any] | None = None  # page-stage totals when a VLM ran
+    decoding: DecodingTotals | None = None  # page-stage totals when a VLM ran
     warnings: tuple[str, ...] = ()
     note: str | None = None  # e.g. why a document was skipped
     traceback: str | None = None  # shown only with --debug
@@ -95,16 +96,3 @@ def output_config(config: ConvertConfig) -> dict[str, object]:
 def config_hash(config: ConvertConfig) -> str:
     canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config)}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def with_speedup(totals: dict[str, Any]) -> dict[str, Any]:
-    """`totals` plus tau and the speedup: plain page decoding (--baseline) against every VLM stage
-    hsd ran for the same pages (region passes included: they are what buys the page's drafts)."""
-    forwards, spent = totals["forwards"], totals["region_s"] + totals["page_s"]
-    totals["tau"] = round(totals["new_tokens"] / forwards, 3) if forwards else 0.0
-    if "baseline_page_s" in totals:
-        totals["speedup"] = {"value": round(totals["baseline_page_s"] / spent, 3) if spent else 0.0, "kind": "measured"}
-    else:
-        # Without a plain-decoding baseline the speedup is unknown; tau bounds it from above.
-        totals["speedup"] = {"value": totals["tau"], "kind": "estimate (tau; tree forwards cost more)"}
-    return totals

@@ -228,19 +228,42 @@ def test_a_documents_earlier_outputs_settle_the_forms_its_later_pages_draft():
     assert page_drafts((table,), either) == [SPANNING, PIPE]
 
 
-def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_it(tmp_path):
+def _tiny_model(tmp_path):
     from hsd_cli.models.tiny import build_tiny_random
-    from hsd_cli.records import PageImage
-    from hsd_cli.stages.vlm import VlmOptions, VlmStages
+    from hsd_cli.stages.vlm import VlmModel, VlmOptions
 
-    stages = VlmStages(VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
+    return VlmModel(VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
+
+
+def _blank_page():
+    from hsd_cli.records import PageImage
+
+    return PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
+
+
+def _vlm_page(model, image, blocks, earlier_outputs=()):
+    """The VLM stages on a page whose draft is `blocks`, as the pipeline orders them (no region pass)."""
+    from hsd_cli.pipeline import vlm_stage
+    from hsd_cli.records import PageResult
+
+    drafted = PageResult(page_no=1, size_pt=image.size_pt, blocks=blocks, backend="test", flags=("draft_only",))
+    return vlm_stage(drafted, image, model, lambda block: False, list(earlier_outputs))
+
+
+def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_it(tmp_path, monkeypatch):
+    from hsd_cli.stages import page as page_stage
+
+    model, image = _tiny_model(tmp_path), _blank_page()
     table = block(BlockKind.TABLE, PIPE, html=SPANNING)
-    image = PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
-    drafts, _ = stages.page_drafts(image, (table,), lambda block: False, settled(stages.settings, ["|---|---|\n"]))
-    assert drafts[2:] == [PIPE] and "is_table: True" in drafts[0], "the family's front matter first"
-    output = stages.page(image, (table,), lambda block: False, ["<table><tr><td>1</td></tr></table>"])
-    assert output.stats["dialect"]["table_format"] == "html"
-    assert stages.page(image, (table,), lambda block: False).stats["dialect"]["table_format"] == stages.settings.table_format
+    seen_drafts = []
+    real_decode = page_stage.decode
+    monkeypatch.setattr(page_stage, "decode", lambda *args, **kwargs: seen_drafts.append(args[3]) or real_decode(*args, **kwargs))
+    output = _vlm_page(model, image, (table,), ["|---|---|\n"])
+    assert seen_drafts[0][2:] == [PIPE] and "is_table: True" in seen_drafts[0][0], "the family's front matter first"
+    assert output.stats.dialect["table_format"] == "pipe"
+    output = _vlm_page(model, image, (table,), ["<table><tr><td>1</td></tr></table>"])
+    assert output.stats.as_json()["dialect"]["table_format"] == "html"
+    assert _vlm_page(model, image, (table,)).stats.dialect["table_format"] == model.settings.table_format
 
 
 OLMOCR_OUTPUT = (
@@ -275,12 +298,9 @@ def test_an_outputs_front_matter_is_split_off_as_plain_values():
 
 def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(tmp_path, monkeypatch):
     from hsd_cli.decoding import DecodeResult, DecodeStats
-    from hsd_cli.models.tiny import build_tiny_random
-    from hsd_cli.records import PageImage
-    from hsd_cli.stages import vlm
+    from hsd_cli.stages import page as page_stage
 
-    stages = vlm.VlmStages(vlm.VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
-    image = PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
+    model, image = _tiny_model(tmp_path), _blank_page()
     # The tiny random model writes no front matter: stand in an olmOCR output for its decoding.
     seen_drafts, outputs = [], [OLMOCR_OUTPUT, OLMOCR_OUTPUT.replace("en", "null").split("The")[0]]
 
@@ -288,25 +308,23 @@ def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(
         seen_drafts.append(drafts)
         return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=1, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
 
-    monkeypatch.setattr(vlm, "decode", olmocr_decode)
-    output = stages.page(image, (block(BlockKind.TEXT, "The harvest came early."),), lambda block: False)
+    monkeypatch.setattr(page_stage, "decode", olmocr_decode)
+    output = _vlm_page(model, image, (block(BlockKind.TEXT, "The harvest came early."),))
     assert output.text == "The harvest came early."
-    assert output.stats["front_matter"]["primary_language"] == "en" and output.stats["dialect"]["front_matter"] == "olmocr"
+    stats = output.stats.as_json()
+    assert stats["front_matter"]["primary_language"] == "en" and stats["dialect"]["front_matter"] == "olmocr"
     assert seen_drafts[0][0].startswith("---\nprimary_language: en\n")
-    blank = stages.page(image, (), lambda block: False)  # olmOCR's blank page: front matter alone
-    assert blank.text is None and "empty" in blank.flags and blank.stats["front_matter"]["primary_language"] is None
+    blank = _vlm_page(model, image, ())  # olmOCR's blank page: front matter alone
+    assert blank.text is None and "empty" in blank.flags and blank.stats.front_matter["primary_language"] is None
     assert seen_drafts[1][0].startswith("---\nprimary_language: null\n")
 
 
 
 def test_a_page_the_front_matter_calls_rotated_is_turned_and_read_again(tmp_path, monkeypatch):
     from hsd_cli.decoding import DecodeResult, DecodeStats
-    from hsd_cli.models.tiny import build_tiny_random
-    from hsd_cli.records import PageImage
-    from hsd_cli.stages import vlm
+    from hsd_cli.stages import page as page_stage
 
-    stages = vlm.VlmStages(vlm.VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
-    image = PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
+    model, image = _tiny_model(tmp_path), _blank_page()
     sideways = OLMOCR_OUTPUT.replace("is_rotation_valid: True\nrotation_correction: 0", "is_rotation_valid: False\nrotation_correction: 90")
     seen_sizes, outputs = [], [sideways.replace("The harvest", "Garbled"), OLMOCR_OUTPUT]
 
@@ -314,13 +332,13 @@ def test_a_page_the_front_matter_calls_rotated_is_turned_and_read_again(tmp_path
         seen_sizes.append(image.size)
         return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=5, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
 
-    monkeypatch.setattr(vlm, "decode", olmocr_decode)
+    monkeypatch.setattr(page_stage, "decode", olmocr_decode)
     prose = (block(BlockKind.TEXT, "The harvest came early."),)
-    output = stages.page(image, prose, lambda block: False)
+    output = _vlm_page(model, image, prose)
     assert output.text == "The harvest came early." and "rotated" in output.flags
     assert seen_sizes == [image.image.size, image.image.size[::-1]], "read again turned a quarter"
-    assert output.stats["rotation"] == {"degrees": 90, "reads": 2, "earlier_forwards": 5}
+    assert output.stats.as_json()["rotation"] == {"degrees": 90, "reads": 2, "earlier_forwards": 5}
     outputs[:] = [sideways] * 5  # a model that never calls the page upright: four reads, the last one kept
-    stuck = stages.page(image, prose, lambda block: False)
-    assert stuck.stats["rotation"] == {"degrees": 270, "reads": 4, "earlier_forwards": 15} and len(outputs) == 1
+    stuck = _vlm_page(model, image, prose)
+    assert stuck.stats.as_json()["rotation"] == {"degrees": 270, "reads": 4, "earlier_forwards": 15} and len(outputs) == 1
     assert stuck.text == "The harvest came early." and "rotated" in stuck.flags

@@ -45,7 +45,7 @@ def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str 
         "markdown": markdown,
         "blocks": [block_json(b, image_ref(b)) for b in page.blocks],
         # Counts only: wall-clock timings live in the run manifest, so identical runs give identical bytes.
-        "stats": page.stats,
+        "stats": page.stats.as_json() if page.stats else None,
     }
     if page.rejected_text is not None:
         # What the model said where hsd kept the draft (flags say why): for users checking a fallback.

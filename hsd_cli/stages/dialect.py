@@ -14,8 +14,9 @@ import html
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -154,9 +155,17 @@ def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool])
     ]
 
 
-def page_drafts(blocks: tuple[Block, ...], settings: ModelSettings) -> list[str]:
-    """The page stage's drafts when no region pass runs (`--stages page`, `hsd bench acceptance`)."""
-    block_texts = [text for block, _ in draft_plan(blocks, lambda block: False) for text in block_drafts(block, settings)]
+def page_drafts(
+    blocks: tuple[Block, ...], settings: ModelSettings, region_texts: Mapping[str, str] = MappingProxyType({})
+) -> list[str]:
+    """The page stage's drafts: the family's front matter, then per block in reading order its
+    region output (`region_texts`, by block id) where a region pass gave one, else its pipeline
+    text in the family's dialect (alternatives included)."""
+    block_texts = [
+        text
+        for block, _ in draft_plan(blocks, lambda block: False)
+        for text in ([region_texts[block.id]] if block.id in region_texts else block_drafts(block, settings))
+    ]
     return front_matter_drafts(blocks, settings) + block_texts
 
 

@@ -1,0 +1,93 @@
+"""The page stage: the model reads the whole page, verifying the page's drafts (the region
+outputs and the pipeline's text). Only its output reaches the user. Also the plain reading that
+`--baseline` compares it with.
+
+Knows nothing about trees: it hands the picture, the prompt and the draft texts to the decoding core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from hsd_cli.decoding import DecodeResult, decode
+from hsd_cli.models.settings import ModelSettings
+from hsd_cli.stages.dialect import split_front_matter
+from hsd_cli.stats import BaselineCheck, RotationReads
+
+if TYPE_CHECKING:
+    from hsd_cli.stages.vlm import VlmModel
+
+# A page whose front matter says it is rotated is turned by the model's correction and read again,
+# as olmOCR does (its pipeline turns the image with these transposes, up to 8 reads; hsd: 4).
+ROTATION_REREADS = 3
+_TURN = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
+
+
+@dataclass(frozen=True)
+class PageRead:
+    """The page stage's reading of a page (the last one, where the page was turned and read again)."""
+
+    result: DecodeResult
+    picture: Image.Image  # what it read: the page turned by `rotation`
+    front_matter: dict[str, Any] | None
+    text: str  # the output without its front matter
+    rotation: int  # degrees the page was turned (PIL's counter-clockwise transposes, as olmOCR)
+    reads: int
+    earlier_forwards: int  # forwards of the reads the front matter sent back
+
+    @property
+    def rotation_reads(self) -> RotationReads | None:
+        return RotationReads(self.rotation, self.reads, self.earlier_forwards) if self.reads > 1 else None
+
+    def outcome(self) -> tuple[str | None, str | None, tuple[str, ...]]:
+        """(text, rejected text, flags): an unusable output (looping, or empty) gives no text and
+        is kept as rejected; the draft stands in for it."""
+        flags: tuple[str, ...] = ("rotated",) if self.rotation else ()
+        stop = self.result.stop_reason
+        if stop == "repetition" or not self.text:
+            return None, self.text, flags + ("fallback", "repetition" if stop == "repetition" else "empty")
+        return self.text, None, flags + (("truncated",) if stop == "budget" else ())
+
+
+def rotation_correction(front_matter: dict[str, Any] | None) -> int:
+    """The degrees the front matter says the page must be turned by, 0 where it is upright."""
+    if not front_matter or front_matter.get("is_rotation_valid") is not False:
+        return 0
+    correction = front_matter.get("rotation_correction")
+    return correction if correction in _TURN else 0
+
+
+def page_stage(model: VlmModel, picture: Image.Image, drafts: list[str], settings: ModelSettings) -> PageRead:
+    """The page's reading, verifying `drafts`; where the output's front matter says the page is
+    rotated, the picture turned by the model's correction and read again."""
+    rotation, earlier_forwards, reads = 0, 0, 0
+    while True:
+        reads += 1
+        turned = picture.transpose(_TURN[rotation]) if rotation else picture
+        result = decode(model.target, turned, model.settings.page_prompt, drafts, model.decode_config,
+                        match=model.settings.draft_match)
+        output = result.text.strip()
+        # The front matter goes to the JSON; the Markdown is the page's text.
+        front_matter, body = split_front_matter(output) if settings.front_matter != "none" else (None, output)
+        correction = rotation_correction(front_matter)
+        if not correction or reads > ROTATION_REREADS:
+            return PageRead(result, turned, front_matter, body, rotation, reads, earlier_forwards)
+        earlier_forwards += result.stats.forwards
+        rotation = (rotation + correction) % 360
+
+
+def baseline_check(model: VlmModel, read: PageRead) -> BaselineCheck:
+    """The same picture decoded with transformers' own generate (same model, dtype and cache: the
+    baseline a user would otherwise run), compared token by token with the page stage's output."""
+    config = model.decode_config
+    plain = model.target.generate_plainly(read.picture, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
+    tokens = read.result.tokens
+    # Exact in fp32; in bf16 a near-tie can flip, so report where instead of asserting.
+    divergence = next(
+        (i for i, (a, b) in enumerate(zip(plain, tokens)) if a != b),
+        None if len(plain) == len(tokens) else min(len(plain), len(tokens)),
+    )
+    return BaselineCheck(identical=divergence is None, first_divergence=divergence, forwards=len(plain))
