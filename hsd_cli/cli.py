@@ -20,6 +20,7 @@ from rich.table import Table
 from hsd_cli import __version__
 from hsd_cli.bench import bench_app
 from hsd_cli.eval import eval_app
+from hsd_cli.profiles import profile
 from hsd_cli.replay import replay_app
 from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Stages, UsageError
 from hsd_cli.settings import describe_sources, load_config_callback
@@ -36,6 +37,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
 app.add_typer(eval_app, name="eval")
 app.add_typer(replay_app, name="replay-model")
+app.command("profile")(profile)
 
 
 def _version(value: bool) -> None:

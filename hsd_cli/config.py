@@ -22,12 +22,15 @@ class ImageMode(StrEnum):
 
 class Stages(StrEnum):
     """How much of the hierarchy runs. auto: draft only without a model; with one, the page stage
-    plus region passes for the blocks whose pipeline draft is uncertain (OCR, tables, formulas)."""
+    plus region passes for the blocks whose pipeline draft is uncertain (OCR, tables, formulas).
+    packed: region passes on every block in the same forwards as the page stage, each region
+    output drafting the page as soon as it ends."""
 
     AUTO = "auto"
     DRAFT = "draft"
     PAGE = "page"
     REGION_PAGE = "region-page"
+    PACKED = "packed"
 
 
 class Executor(StrEnum):
@@ -62,7 +65,7 @@ class ConvertConfig:
     baseline: bool = False
 
     def __post_init__(self) -> None:
-        if self.stages in (Stages.PAGE, Stages.REGION_PAGE) and self.model is None:
+        if self.stages in (Stages.PAGE, Stages.REGION_PAGE, Stages.PACKED) and self.model is None:
             raise UsageError(f"--stages {self.stages.value} needs a VLM: give --model ID|DIR")
         if self.device not in (None, "cpu", "cuda", "mps") and not str(self.device).startswith("cuda:"):
             raise UsageError(f"--device must be cpu, cuda, cuda:N or mps, got {self.device}")

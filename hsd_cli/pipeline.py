@@ -15,13 +15,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pymupdf
 
-from hsd_cli.config import ConvertConfig, ImageMode, select_pages
+from hsd_cli.config import ConvertConfig, ImageMode, Stages, select_pages
 from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
@@ -30,10 +30,12 @@ from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageIma
 from hsd_cli.stages.dialect import DIALECT_KEYS, page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
-from hsd_cli.stats import DecodingTotals, PageStats, StageSeconds
+from hsd_cli.stats import DecodingTotals, PageStats, RegionResult, StageSeconds
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
 
 if TYPE_CHECKING:
+    from hsd_cli.models.settings import ModelSettings
+    from hsd_cli.stages.page import PageRead
     from hsd_cli.stages.vlm import VlmModel
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
@@ -73,36 +75,62 @@ def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig
     return result, image
 
 
-def vlm_stage(
-    drafted: PageResult, image: PageImage, model: VlmModel, wants_region: Callable[[Block], bool],
-    earlier_outputs: list[str],
-) -> PageResult:
-    """The region stage where it is planned, the page stage verifying its outputs, then the
-    --baseline reading; drafts follow the dialect of the document's model outputs so far."""
+@dataclass(frozen=True)
+class VlmRead:
+    """What the VLM stages did on one page: the region passes, then the page stage's reading."""
+
+    settings: ModelSettings  # the dialect the drafts were written in
+    regions: tuple[RegionResult, ...]
+    read: PageRead
+    region_s: float  # 0 where no region pass ran
+    page_s: float
+
+
+def vlm_read(
+    image: PageImage, blocks: tuple[Block, ...], model: VlmModel, stages: Stages, earlier_outputs: list[str]
+) -> VlmRead:
+    """The region stage where `stages` plans it, then the page stage verifying the region outputs
+    and the other blocks' drafts (`packed`: both in the same forwards); drafts follow the dialect
+    of the document's model outputs so far."""
     # Imported here: a draft-only worker never imports torch and transformers.
-    from hsd_cli.stages.page import baseline_check, page_stage
-    from hsd_cli.stages.region import region_stage
-    from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
+    from hsd_cli.stages.packed import packed_stage
+    from hsd_cli.stages.page import page_stage
+    from hsd_cli.stages.region import region_planner, region_stage
 
     settings = settled(model.settings, earlier_outputs)
     started = time.perf_counter()
-    regions = region_stage(model, image, drafted.blocks, wants_region, settings)
+    if stages is Stages.PACKED:
+        # Region passes run inside the page stage's forwards: their seconds are the page's.
+        regions, read = packed_stage(model, image, blocks, region_planner(stages), settings)
+        return VlmRead(settings, regions, read, 0.0, time.perf_counter() - started)
+    regions = region_stage(model, image, blocks, region_planner(stages), settings)
     regions_done = time.perf_counter()
     region_texts = {region.block_id: region.text for region in regions if region.text is not None}
-    read = page_stage(model, image.image, page_drafts(drafted.blocks, settings, region_texts), settings)
-    page_done = time.perf_counter()
+    read = page_stage(model, image.image, page_drafts(blocks, settings, region_texts), settings)
+    # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
+    region_s = regions_done - started if regions else 0.0
+    return VlmRead(settings, regions, read, region_s, time.perf_counter() - regions_done)
+
+
+def vlm_stage(
+    drafted: PageResult, image: PageImage, model: VlmModel, stages: Stages, earlier_outputs: list[str]
+) -> PageResult:
+    """The page's result from the VLM stages, with the --baseline reading where asked for."""
+    from hsd_cli.stages.page import baseline_check
+    from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
+
+    done = vlm_read(image, drafted.blocks, model, stages, earlier_outputs)
+    read = done.read
+    baseline_started = time.perf_counter()
     baseline = baseline_check(model, read) if model.options.baseline else None
     seconds = StageSeconds(
-        # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
-        region_s=regions_done - started if regions else 0.0,
-        page_s=page_done - regions_done,
-        prefill_s=read.result.stats.prefill_s,
-        baseline_page_s=time.perf_counter() - page_done if baseline else None,
+        region_s=done.region_s, page_s=done.page_s, prefill_s=read.result.stats.prefill_s,
+        baseline_page_s=time.perf_counter() - baseline_started if baseline else None,
     )
     text, rejected, read_flags = read.outcome()
     stats = PageStats(
         page=read.result.stats, stop_reason=read.result.stop_reason,
-        dialect={name: getattr(settings, name) for name in DIALECT_KEYS}, seconds=seconds, regions=regions,
+        dialect={name: getattr(done.settings, name) for name in DIALECT_KEYS}, seconds=seconds, regions=done.regions,
         front_matter=read.front_matter, rotation=read.rotation_reads, baseline=baseline,
     )
     flags = ("vlm",) + ((OUTSIDE_REPLAY_SET,) if model.outside_replay_set(image.image) else ()) + read_flags
@@ -171,13 +199,12 @@ def _convert_page(
         return failed_page(page, "error"), [f"page {page_no}: {error}"]
     result, image = drafted
     if vlm is not None:
-        from hsd_cli.stages.region import region_planner
         from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
 
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
         debug_fault(task.doc, page_no, "vlm")
-        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, region_planner(task.config.stages), earlier_outputs))
+        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config.stages, earlier_outputs))
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
         elif OUTSIDE_REPLAY_SET in decoded.flags:

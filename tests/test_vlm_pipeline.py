@@ -14,7 +14,7 @@ def tiny_model(tmp_path_factory):
     return build_tiny_random("qwen2_5_vl", tmp_path_factory.mktemp("tiny_qwen2_5_vl"))
 
 
-@pytest.mark.parametrize("stages", ["page", "region-page"])
+@pytest.mark.parametrize("stages", ["page", "region-page", "packed"])
 def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_model, docs_dir, tmp_path):
     result = run_hsd(
         "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", stages,
@@ -26,11 +26,12 @@ def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_mo
     assert page["stats"]["baseline"]["identical"], "speculative output must equal plain decoding"
     assert page["stats"]["page"]["new_tokens"] == 24 and page["stats"]["stop_reason"] == "budget"
     assert "truncated" in page["flags"]
-    assert ("regions" in page["stats"]) == (stages == "region-page")
+    assert ("regions" in page["stats"]) == (stages != "page")
     assert page["blocks"] and all(b["source"] == "pdf-text" for b in page["blocks"]), "drafts stay in the JSON"
     assert (tmp_path / "report.md").read_text().strip() == page["markdown"]
     decoding = json.loads(result.stdout)["decoding"]
     assert decoding["pages"] == 1 and decoding["speedup"]["kind"] == "measured"
+    # Packed region passes run in the page stage's forwards, so their seconds are the page's.
     assert (decoding["region_s"] > 0) == (stages == "region-page")
     # The region passes are part of what speculation costs: plain page decoding against both.
     spent = decoding["region_s"] + decoding["page_s"]
@@ -181,3 +182,33 @@ def test_a_replay_model_warns_on_pages_outside_its_set(tiny_model, docs_dir, tmp
     assert len(warned) == 1 and "page 1" in warned[0]
     pages = json.loads((tmp_path / "out" / "report.json").read_text())["pages"]
     assert "outside_replay_set" in pages[0]["flags"] and "outside_replay_set" not in pages[1]["flags"]
+
+
+def test_bench_pipeline_reads_every_page_in_every_arm_as_generate_does(tiny_model, docs_dir):
+    from typer.testing import CliRunner
+
+    from hsd_cli.bench import bench_app
+
+    args = ["pipeline", str(docs_dir), "--model", str(tiny_model), "--dtype", "float32", "--max-new-tokens", "16", "--json"]
+    result = CliRunner().invoke(bench_app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["kinds"]) == {"born_digital", "scan"}, "the fixture's text-layer page and its scan"
+    for kind, arms in report["kinds"].items():
+        assert list(arms) == ["ar", "page", "region-page", "packed"]
+        assert arms["ar"]["tau"] == 1.0 and arms["ar"]["decode_speedup"] == 1.0
+        pages = sum(page["kind"] == kind for page in report["pages"])
+        for arm in arms.values():
+            assert arm["pages"] == pages and arm["identical_share"] == 1.0, "lossless: the tokens of generate"
+            assert set(arm) == {"pages", "tau", "decode_s", "e2e_s", "decode_speedup", "e2e_speedup", "identical_share"}
+            assert arm["e2e_s"] > arm["decode_s"] > 0
+    assert [page["kind"] for page in report["pages"]] == ["born_digital", "born_digital", "scan"]
+
+
+def test_bench_pipeline_refuses_an_unknown_arm(tiny_model, docs_dir):
+    from typer.testing import CliRunner
+
+    from hsd_cli.bench import bench_app
+
+    result = CliRunner().invoke(bench_app, ["pipeline", str(docs_dir), "--model", str(tiny_model), "--arms", "page,auto"])
+    assert result.exit_code == 2 and "unknown arm(s) auto" in result.output

@@ -4,6 +4,7 @@ import typer
 
 from .acceptance import acceptance
 from .decode import decode
+from .pipeline import pipeline
 
 bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding, and acceptance in a real model's tokens.", no_args_is_help=True)
 
@@ -15,3 +16,4 @@ def bench() -> None:
 
 bench_app.command("decode")(decode)
 bench_app.command("acceptance")(acceptance)
+bench_app.command("pipeline")(pipeline)

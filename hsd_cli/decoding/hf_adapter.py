@@ -428,6 +428,29 @@ class HFTarget:
         return state, out.logits[:, -1, :].float()
 
     @torch.inference_mode()
+    def prefill_each(self, inputs: Sequence[dict]) -> tuple[BatchState, torch.Tensor]:
+        """Prefill each single-row input alone and join the rows into one batch, left-padded like
+        `prefill`'s: a page and its crops (prompts of very different lengths) then spend no prefill
+        on padding."""
+        parts = [self.prefill(row) for row in inputs]
+        length = max(state.slot_valid.shape[1] for state, _ in parts)
+
+        def left_padded(tensor: torch.Tensor) -> torch.Tensor:  # (1, heads, slots, head_dim)
+            return torch.nn.functional.pad(tensor, (0, 0, length - tensor.shape[2], 0))
+
+        joined = parts[0][0]
+        for index, layer in enumerate(joined.cache.layers):
+            layer.keys = torch.cat([left_padded(state.cache.layers[index].keys) for state, _ in parts])
+            layer.values = torch.cat([left_padded(state.cache.layers[index].values) for state, _ in parts])
+        joined.slot_valid = torch.cat(
+            [torch.nn.functional.pad(state.slot_valid, (length - state.slot_valid.shape[1], 0), value=False) for state, _ in parts]
+        )
+        joined.past_len = torch.cat([state.past_len for state, _ in parts])
+        joined.rope_delta = torch.cat([state.rope_delta.reshape(-1) for state, _ in parts])
+        joined.rows = list(range(len(parts)))
+        return joined, torch.cat([logits for _, logits in parts])
+
+    @torch.inference_mode()
     def forward_tree(
         self,
         state: BatchState,

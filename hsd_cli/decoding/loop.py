@@ -36,6 +36,9 @@ class DecodeRequest:
     proposer: Proposer = field(default_factory=NoDraftProposer)
     # For near-lossless mode: is the output (token ids) currently inside math? Then stay exact.
     inside_math: Callable[[Sequence[int]], bool] = lambda tokens: False
+    # The request (by index in the same batch) whose proposer takes this one's output as a draft
+    # when it ends (a region crop's output drafting its page); its proposer must be a DraftSink.
+    feeds: int | None = None
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Target(Protocol):
     def inputs(self, images: Sequence[Any], prompts: Sequence[str]) -> dict: ...
 
     def prefill(self, inputs: dict) -> tuple[TargetState, torch.Tensor]: ...
+
+    def prefill_each(self, inputs: Sequence[dict]) -> tuple[TargetState, torch.Tensor]: ...
 
     def forward_tree(self, state: TargetState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor: ...
 
@@ -128,10 +133,14 @@ class _Sequence:
         return count
 
 
-def _prefill(target: Target, sequences: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> TargetState:
+def _prefill(
+    target: Target, sequences: list[_Sequence], config: DecodeConfig, stop_ids: set[int], separately: bool
+) -> TargetState:
     start = perf_counter()
-    inputs = target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences])
-    state, logits = target.prefill(inputs)
+    if separately:
+        state, logits = target.prefill_each([target.inputs([s.request.image], [s.request.prompt]) for s in sequences])
+    else:
+        state, logits = target.prefill(target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences]))
     first = first_tokens(logits, state.rows, config.sampling)
     elapsed = perf_counter() - start
     for sequence, token in zip(sequences, first):
@@ -180,25 +189,37 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
         sequence.stats.verify_s += finished_at - proposed_at
 
 
-def _drop_finished(target: Target, state: TargetState, sequences: list[_Sequence]) -> None:
+def _drop_finished(target: Target, state: TargetState, sequences: list[_Sequence], stop_ids: set[int]) -> None:
+    """Drop the rows that ended; an ended row that feeds another gives it its output as a draft
+    (not a looping one: the cut loop is no reading)."""
     keep = [i for i, row in enumerate(state.rows) if sequences[row].stop_reason is None]
-    if len(keep) < len(state.rows):
-        target.keep_rows(state, keep)
+    if len(keep) == len(state.rows):
+        return
+    for row in state.rows:
+        ended = sequences[row]
+        if ended.stop_reason is not None and ended.request.feeds is not None and ended.stop_reason != "repetition":
+            output = [token for token in ended.tokens if token not in stop_ids]
+            sequences[ended.request.feeds].request.proposer.add_drafts([output])
+    target.keep_rows(state, keep)
 
 
-def decode_batch(target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig()) -> list[DecodeResult]:
-    """Decode several requests together; results in request order."""
+def decode_batch(
+    target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, separate_prefill: bool = False
+) -> list[DecodeResult]:
+    """Decode several requests together; results in request order. `separate_prefill`: prefill
+    each request alone and join the rows (prompts of very different lengths, as a page and its
+    crops, then waste no prefill on padding)."""
     if not requests:
         return []
     sequences = [_Sequence(r) for r in requests]
     for request in requests:
         request.proposer.start()
     stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
-    state = _prefill(target, sequences, config, stop_ids)
-    _drop_finished(target, state, sequences)
+    state = _prefill(target, sequences, config, stop_ids, separate_prefill)
+    _drop_finished(target, state, sequences, stop_ids)
     while state.rows:
         _step(target, state, [sequences[row] for row in state.rows], config, stop_ids)
-        _drop_finished(target, state, sequences)
+        _drop_finished(target, state, sequences, stop_ids)
     return [
         DecodeResult(s.tokens, s.stats, s.stop_reason or "budget", target.decode(s.tokens))
         for s in sequences
@@ -206,11 +227,13 @@ def decode_batch(target: Target, requests: Sequence[DecodeRequest], config: Deco
 
 
 def make_proposer(
-    target: Target, drafts: Sequence[str], match: str = "tokens", config: ProposerConfig = ProposerConfig()
+    target: Target, drafts: Sequence[str], match: str = "tokens", config: ProposerConfig = ProposerConfig(),
+    *, growing: bool = False,
 ) -> Proposer:
     """`tokens`: exact token matching (drafts written the way the model writes);
-    `chars`: normalised character matching (drafts whose markup differs)."""
-    if not drafts:
+    `chars`: normalised character matching (drafts whose markup differs). `growing`: a proposer
+    that takes more drafts while decoding (a DraftSink), even if it starts with none."""
+    if not drafts and not growing:
         return NoDraftProposer()
     if match == "tokens":
         return DraftProposer([target.encode(d) for d in drafts], config)

@@ -40,6 +40,12 @@ class Proposer(Protocol):
     def observe(self, accepted: Sequence[int]) -> None: ...
 
 
+class DraftSink(Protocol):
+    """A proposer that takes more drafts between steps."""
+
+    def add_drafts(self, drafts: Sequence[Sequence[int]]) -> None: ...
+
+
 class NoDraftProposer:
     """Plain decoding: every step verifies the root alone."""
 
@@ -149,13 +155,22 @@ class DraftProposer:
 
     def __init__(self, drafts: Sequence[Sequence[int]], config: ProposerConfig = ProposerConfig()):
         self.config = config
-        self.drafts = [list(d) for d in drafts if len(d) > 1]
+        self.drafts: list[list[int]] = []
         # token -> (draft, position) of every occurrence that has a following token
         self.occurrences: dict[int, list[tuple[int, int]]] = {}
-        for draft_index, draft in enumerate(self.drafts):
+        self.add_drafts(drafts)
+        self.start()
+
+    def add_drafts(self, drafts: Sequence[Sequence[int]]) -> None:
+        """More drafts, from the next step on (a region output that just ended). Earlier drafts
+        keep their indices, so the window and the last accepted position stay valid."""
+        for draft in drafts:
+            if len(draft) < 2:
+                continue
+            draft_index = len(self.drafts)
+            self.drafts.append(list(draft))
             for position, token in enumerate(draft[:-1]):
                 self.occurrences.setdefault(token, []).append((draft_index, position))
-        self.start()
 
     def start(self) -> None:
         self.window = self.config.window_min
@@ -241,8 +256,20 @@ class TextDraftProposer:
         self.min_chars, self.max_chars = min_chars, max_chars
         self.tail_tokens = tail_tokens
         self.max_matches = max_matches
-        self.texts = [t for t in draft_texts if t]
-        self.normalised = [normalise(t) for t in self.texts]
+        self.texts: list[str] = []
+        self.normalised: list[tuple[str, list[int]]] = []
+        for text in draft_texts:
+            self._add_text(text)
+
+    def _add_text(self, text: str) -> None:
+        if text:
+            self.texts.append(text)
+            self.normalised.append(normalise(text))
+
+    def add_drafts(self, drafts: Sequence[Sequence[int]]) -> None:
+        """More drafts (token ids, matched as their text), from the next step on."""
+        for draft in drafts:
+            self._add_text(self.decode(draft))
 
     def start(self) -> None:
         pass  # stateless between steps

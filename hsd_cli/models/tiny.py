@@ -358,3 +358,44 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(out_dir)
     _tiny_processor(family, tokenizer, config).save_pretrained(out_dir)
     return out_dir
+
+
+def architecture_config(name_or_path: str) -> dict:
+    """A real architecture's config.json: a name from configs/architectures (e.g. qwen2_5_vl_7b)
+    or a path to a config.json."""
+    from importlib.resources import files
+
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        return json.loads(path.read_text())
+    shipped = files("hsd_cli.configs") / "architectures" / f"{name_or_path}.json"
+    if not shipped.is_file():
+        known = sorted(entry.name.removesuffix(".json") for entry in (files("hsd_cli.configs") / "architectures").iterdir() if entry.name.endswith(".json"))
+        raise ValueError(f"no architecture {name_or_path!r}; known: {', '.join(known)} (or a path to a config.json)")
+    return json.loads(shipped.read_text())
+
+
+def random_target(name_or_path: str, *, device: str | None = None, dtype: str = "float32", seed: int = 0):
+    """A real-size model with random weights (`architecture_config`), as a decoding target, to
+    measure what its forwards cost here. The tokenizer is a tiny one: the embedding and output
+    layers keep the architecture's vocabulary size, so their cost is the real one."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from hsd_cli.decoding.hf_adapter import DTYPES, HFTarget, default_device
+
+    settings = architecture_config(name_or_path)
+    family = settings.pop("model_type")
+    if family not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ValueError(f"--random-weights builds Qwen2-VL and Qwen2.5-VL architectures, not {family}")
+    tokenizer = build_tiny_tokenizer(QWEN_TOKENS)
+    ids = tokenizer.convert_tokens_to_ids
+    settings.update(vision_token_settings(tokenizer, QWEN_TOKENS), bos_token_id=ids(QWEN_TOKENS.pad),
+                    eos_token_id=ids(QWEN_TOKENS.eos), pad_token_id=ids(QWEN_TOKENS.pad))
+    config = AutoConfig.for_model(family, **settings)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=DTYPES[dtype])
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    model.to(device or default_device()).eval()
+    processor = adapter_for(family).new_processor(tokenizer, patch_size=config.vision_config.patch_size)
+    return HFTarget(model, processor, adapter_for(family))

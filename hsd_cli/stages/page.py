@@ -7,12 +7,13 @@ Knows nothing about trees: it hands the picture, the prompt and the draft texts 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeResult, decode
+from hsd_cli.decoding import DecodeResult, DecodeStats, decode
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.stages.dialect import split_front_matter
 from hsd_cli.stats import BaselineCheck, RotationReads
@@ -63,12 +64,36 @@ def rotation_correction(front_matter: dict[str, Any] | None) -> int:
 def page_stage(model: VlmModel, picture: Image.Image, drafts: list[str], settings: ModelSettings) -> PageRead:
     """The page's reading, verifying `drafts`; where the output's front matter says the page is
     rotated, the picture turned by the model's correction and read again."""
+
+    def read(turned: Image.Image) -> DecodeResult:
+        return decode(model.target, turned, model.settings.page_prompt, drafts, model.decode_config,
+                      match=model.settings.draft_match)
+
+    return upright_read(picture, settings, read)
+
+
+def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSettings) -> PageRead:
+    """The page read with transformers' own generate (plain greedy, one forward per token), turned
+    and read again as `page_stage` does: what a user of the model runs without hsd."""
+    config = model.decode_config
+
+    def read(turned: Image.Image) -> DecodeResult:
+        tokens = model.target.generate_plainly(turned, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
+        stats = DecodeStats(forwards=len(tokens), new_tokens=len(tokens))
+        stop = "budget" if len(tokens) >= config.max_new_tokens else "eos"  # a guard's stop reads as eos
+        return DecodeResult(tokens, stats, stop, model.target.decode(tokens))
+
+    return upright_read(picture, settings, read)
+
+
+def upright_read(picture: Image.Image, settings: ModelSettings, read: Callable[[Image.Image], DecodeResult]) -> PageRead:
+    """`read` of the picture; where the output's front matter says the page is rotated, of the
+    picture turned by the model's correction, up to ROTATION_REREADS more times."""
     rotation, earlier_forwards, reads = 0, 0, 0
     while True:
         reads += 1
         turned = picture.transpose(_TURN[rotation]) if rotation else picture
-        result = decode(model.target, turned, model.settings.page_prompt, drafts, model.decode_config,
-                        match=model.settings.draft_match)
+        result = read(turned)
         output = result.text.strip()
         # The front matter goes to the JSON; the Markdown is the page's text.
         front_matter, body = split_front_matter(output) if settings.front_matter != "none" else (None, output)

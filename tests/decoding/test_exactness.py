@@ -145,6 +145,27 @@ def test_batched_sequences_of_different_lengths(tiny_target, make_image):
     assert len({r.stats.forwards for r in results}) > 1
 
 
+@pytest.mark.parametrize("separate_prefill", [False, True])
+def test_a_row_that_ends_drafts_the_row_it_feeds(tiny_target, make_image, separate_prefill):
+    """Packed decoding: a page row starts with no drafts; a row reading the same page (with a
+    perfect draft, so it ends early) hands it its output, and a crop of another size rides along.
+    Rows prefilled apart and joined decode exactly as rows prefilled together."""
+    page, crop = make_image(4, 112, 112), make_image(5, 56, 84)
+    page_reference = generate_greedy(tiny_target, page, PROMPT, 120)
+    crop_reference = generate_greedy(tiny_target, crop, "Read.", 120)
+    page_proposer = DraftProposer([])
+    requests = [
+        DecodeRequest(page, PROMPT, page_proposer),
+        DecodeRequest(page, PROMPT, DraftProposer([page_reference]), feeds=0),
+        DecodeRequest(crop, "Read.", DraftProposer([edit(crop_reference, 7, substitute=0.1)])),
+    ]
+    config = DecodeConfig(max_new_tokens=120, repetition_guard=None)
+    results = decode_batch(tiny_target, requests, config, separate_prefill=separate_prefill)
+    assert [r.tokens for r in results] == [page_reference, page_reference, crop_reference]
+    assert page_proposer.drafts == [page_reference], "the ended row's output, as a draft"
+    assert results[0].stats.forwards < 60, "the page row accepted the fed draft"
+
+
 class AlwaysCompactingTarget(HFTarget):
     """Squeezes padding out of the cache after every step, as it does when padding piles up."""
 

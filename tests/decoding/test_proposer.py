@@ -138,3 +138,23 @@ def test_trie_keeps_only_the_best_matching_occurrences():
     tree = DraftProposer([draft], ProposerConfig(trie_continuations=4, trie_budget=40)).propose([7, 9, 0])
     assert tree.tokens[1] == 777  # ranked first
     assert len(children_of(tree, 0)) == 4
+
+
+def test_drafts_added_while_decoding_are_proposed_from_the_next_step():
+    proposer = DraftProposer([])
+    assert proposer.propose([7, 2, 3, 4]).tokens == (4,), "nothing to propose yet"
+    proposer.add_drafts([[1, 2, 3, 4, 5, 6], [9]])  # a one-token draft proposes nothing and is left out
+    assert proposer.propose([7, 2, 3, 4]).tokens == (4, 5, 6)
+    proposer.add_drafts([[0, 3, 4, 8]])  # now "3 4" continues two ways: a trie of both
+    assert sorted(children_of(proposer.propose([7, 9, 3, 4]), 0)) == [5, 8]
+
+
+def test_text_drafts_added_as_tokens_are_matched_as_their_text():
+    vocab = {i: ch for i, ch in enumerate("abcdefghijklmnopqrstuvwxyz ")}
+    encode = lambda text: [next(i for i, c in vocab.items() if c == ch) for ch in text]  # noqa: E731
+    decode = lambda tokens: "".join(vocab[t] for t in tokens)  # noqa: E731
+    proposer = TextDraftProposer([], encode, decode, ProposerConfig(chain_max=6))
+    context = encode("the quick brown")
+    assert proposer.propose(context).tokens == (context[-1],)
+    proposer.add_drafts([encode("the quick brown fox")])
+    assert decode(proposer.propose(context).tokens[1:]) == " fox"

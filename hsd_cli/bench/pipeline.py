@@ -1,0 +1,209 @@
+"""`hsd bench pipeline`: hsd's VLM stages against transformers' generate on real pages, in one
+process, with the same model, dtype and cache, per page kind.
+
+Arms:
+- `ar`: the page read with plain greedy `generate` (what a user of the model runs without hsd);
+- `page`: the page stage alone, verifying the pipeline's drafts;
+- `region-page`: a region pass on every block first, its outputs drafting the page stage;
+- `packed`: the region passes and the page stage in the same forwards.
+Every page is rendered and drafted once; each arm then reads it. A page is `born_digital` when
+its draft came from the PDF's text layer, else `scan`.
+
+Seconds: `decode_s` is all model work of an arm on the page (vision encoding, prefills and
+decoding, region passes included); `e2e_s` adds rendering and drafting, which every arm shares.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hsd_cli.config import ConvertConfig, Stages
+from hsd_cli.inputs import InputDocument, discover
+
+if TYPE_CHECKING:
+    from hsd_cli.stages.vlm import VlmModel
+
+ARMS = ("ar", "page", "region-page", "packed")
+SPECULATIVE_ARMS = {"page": Stages.PAGE, "region-page": Stages.REGION_PAGE, "packed": Stages.PACKED}
+KINDS = ("born_digital", "scan")
+
+
+@dataclass
+class ArmTotals:
+    """One arm's sums over the pages of one kind."""
+
+    pages: int = 0
+    forwards: int = 0
+    new_tokens: int = 0
+    decode_s: float = 0.0
+    e2e_s: float = 0.0
+    identical: int = 0  # pages whose tokens equal `ar`'s
+
+    def add(self, run: PageRun, identical: bool) -> None:
+        self.pages += 1
+        self.forwards += run.forwards
+        self.new_tokens += run.new_tokens
+        self.decode_s += run.decode_s
+        self.e2e_s += run.e2e_s
+        self.identical += identical
+
+    def as_json(self, ar: ArmTotals) -> dict[str, Any]:
+        return {
+            "pages": self.pages,
+            "tau": round(self.new_tokens / self.forwards, 3) if self.forwards else 0.0,
+            "decode_s": round(self.decode_s, 3),
+            "e2e_s": round(self.e2e_s, 3),
+            "decode_speedup": round(ar.decode_s / self.decode_s, 3) if self.decode_s else 0.0,
+            "e2e_speedup": round(ar.e2e_s / self.e2e_s, 3) if self.e2e_s else 0.0,
+            "identical_share": round(self.identical / self.pages, 4) if self.pages else 0.0,
+        }
+
+
+@dataclass(frozen=True)
+class PageRun:
+    """One arm's reading of one page."""
+
+    tokens: list[int]
+    text: str | None  # the page's text where the output was usable (it settles the next pages' dialect)
+    forwards: int  # the page stage's, rotation re-reads included (region passes are not counted)
+    new_tokens: int
+    decode_s: float
+    e2e_s: float
+
+
+def run_arm(arm: str, model: VlmModel, image: Any, blocks: tuple, prepare_s: float, earlier: list[str]) -> PageRun:
+    from hsd_cli.pipeline import vlm_read
+    from hsd_cli.stages.dialect import settled
+    from hsd_cli.stages.page import plain_page_stage
+
+    started = perf_counter()
+    if arm == "ar":
+        read = plain_page_stage(model, image.image, settled(model.settings, earlier))
+    else:
+        read = vlm_read(image, blocks, model, SPECULATIVE_ARMS[arm], earlier).read
+    decode_s = perf_counter() - started
+    result = read.result
+    return PageRun(
+        tokens=result.tokens, text=read.outcome()[0], forwards=read.earlier_forwards + result.stats.forwards,
+        new_tokens=result.stats.new_tokens, decode_s=decode_s, e2e_s=prepare_s + decode_s,
+    )
+
+
+def bench_pages(
+    model: VlmModel, documents: Sequence[InputDocument], arms: Sequence[str], config: ConvertConfig,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every page of `documents` through every arm; totals per page kind and arm."""
+    from hsd_cli.pipeline import draft_stage
+    from hsd_cli.stages.draft import make_draft_backend
+    from hsd_cli.stages.draft.pdf_text import PdfTextDraft
+    from hsd_cli.stages.rasterize import DocumentError, open_document
+
+    totals = {kind: {arm: ArmTotals() for arm in arms} for kind in KINDS}
+    pages: list[dict[str, Any]] = []
+    warmed = False
+    for document in documents:
+        path = document.path
+        try:
+            pdf, _ = open_document(path, document.kind, None)
+        except DocumentError as exc:
+            progress(f"{path}: skipped ({exc})")
+            continue
+        backend = make_draft_backend(config, path.stem)
+        earlier: dict[str, list[str]] = {arm: [] for arm in arms}
+        with pdf:
+            for page in pdf:
+                drafted, image = draft_stage(page, backend, config)
+                if not warmed:  # lazy initialisation is not timed
+                    model.target.generate_plainly(image.image, model.settings.page_prompt, 1)
+                    warmed = True
+                kind = "born_digital" if drafted.backend == PdfTextDraft.name else "scan"
+                prepare_s = drafted.timings["render_s"] + drafted.timings["draft_s"]
+                progress(f"{path.name} page {drafted.page_no} ({kind})")
+                runs = {arm: run_arm(arm, model, image, drafted.blocks, prepare_s, earlier[arm]) for arm in arms}
+                for arm, run in runs.items():
+                    totals[kind][arm].add(run, run.tokens == runs["ar"].tokens)
+                    if run.text is not None:
+                        earlier[arm].append(run.text)
+                pages.append({
+                    "input": str(path), "page": drafted.page_no, "kind": kind,
+                    "arms": {arm: {"forwards": run.forwards, "new_tokens": run.new_tokens, "decode_s": round(run.decode_s, 3),
+                                   "identical": run.tokens == runs["ar"].tokens} for arm, run in runs.items()},
+                })
+    kinds = {
+        kind: {arm: arm_totals.as_json(by_arm["ar"]) for arm, arm_totals in by_arm.items()}
+        for kind, by_arm in totals.items() if by_arm["ar"].pages
+    }
+    return {"kinds": kinds, "pages": pages}
+
+
+def print_table(report: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = ("kind", "arm", "pages", "tau", "decode s", "e2e s", "decode speedup", "e2e speedup", "identical")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("kind", "arm") else "right")
+    for kind, arms in report["kinds"].items():
+        for arm, row in arms.items():
+            table.add_row(
+                kind, arm, str(row["pages"]), f"{row['tau']:.2f}", f"{row['decode_s']:.1f}", f"{row['e2e_s']:.1f}",
+                f"{row['decode_speedup']:.2f}x", f"{row['e2e_speedup']:.2f}x", f"{row['identical_share']:.0%}",
+            )
+    Console(stderr=True).print(table)
+
+
+def pipeline(
+    paths: Annotated[list[str], typer.Argument(help="PDFs, images or directories of them.")],
+    model: Annotated[str, typer.Option(help="Model id or local directory.")],
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or mps (default: what is present).")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: as hsd convert).")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the model's repository.")] = False,
+    arms: Annotated[str, typer.Option(help=f"Comma-separated arms among {', '.join(ARMS)} (ar always runs).")] = ",".join(ARMS),
+    max_new_tokens: Annotated[int | None, typer.Option(help="Token budget per page (default: the family's).")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Benchmark the VLM stages against transformers' generate on the same pages, per page kind."""
+    chosen = ["ar"] + [arm for arm in dict.fromkeys(a.strip() for a in arms.split(",")) if arm and arm != "ar"]
+    unknown = set(chosen) - set(ARMS)
+    if unknown:
+        raise typer.BadParameter(f"unknown arm(s) {', '.join(sorted(unknown))}; arms are {', '.join(ARMS)}", param_hint="--arms")
+    found = discover(paths, recursive=True)
+    documents = found.documents
+    if not documents:
+        raise typer.BadParameter("no PDF or image among the paths", param_hint="PATHS")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from hsd_cli.stages.vlm import ModelUnavailableError, VlmModel, VlmOptions, preflight
+
+    if threads:
+        torch.set_num_threads(threads)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    options = VlmOptions(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens)
+    try:
+        preflight(options)
+    except ModelUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(4) from None
+    vlm = VlmModel(options)
+    config = ConvertConfig(output_dir=Path("."), model=model)  # the draft settings of hsd convert's defaults
+    report = bench_pages(vlm, documents, chosen, config, progress=lambda line: print(line, file=sys.stderr))
+    report.update(
+        model=model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),
+        max_new_tokens=vlm.decode_config.max_new_tokens, threads=torch.get_num_threads(), arms=chosen,
+    )
+    print_table(report, f"hsd bench pipeline: {model}, {report['dtype']}")
+    if json_output:
+        print(json.dumps(report))
