@@ -20,7 +20,7 @@ from rich.table import Table
 from hsd_cli import __version__
 from hsd_cli.bench import bench_app
 from hsd_cli.eval import eval_app
-from hsd_cli.profiles import profile
+from hsd_cli.profiles import profile as profile_command
 from hsd_cli.replay import replay_app
 from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Stages, UsageError
 from hsd_cli.settings import describe_sources, load_config_callback
@@ -37,7 +37,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
 app.add_typer(eval_app, name="eval")
 app.add_typer(replay_app, name="replay-model")
-app.command("profile")(profile)
+app.command("profile")(profile_command)
 
 
 def _version(value: bool) -> None:
@@ -135,6 +135,10 @@ def convert(
     baseline: Annotated[
         bool, typer.Option(envvar=_env("baseline"), help="Also decode each page plainly with transformers' generate, to measure the speedup against it.")
     ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option(envvar=_env("profile"), help="Cost profile (a name `hsd profile` stored, or a JSON file) that --stages auto plans each page with (default: the stored profile of this model, device and dtype, if there is one; else a fixed rule)."),
+    ] = None,
     overwrite: Annotated[
         bool, typer.Option(envvar=_env("overwrite"), help="Convert again even what the manifest says is done.")
     ] = False,
@@ -212,6 +216,7 @@ def convert(
             trust_remote_code=trust_remote_code,
             max_new_tokens=max_new_tokens,
             baseline=baseline,
+            profile=profile,
         )
         run_config = RunConfig(
             overwrite=overwrite,

@@ -63,6 +63,7 @@ class ConvertConfig:
     trust_remote_code: bool = False
     max_new_tokens: int | None = None  # None: the model family's setting
     baseline: bool = False
+    profile: str | None = None  # cost profile for --stages auto (None: the stored one of the model, if any)
 
     def __post_init__(self) -> None:
         if self.stages in (Stages.PAGE, Stages.REGION_PAGE, Stages.PACKED) and self.model is None:

@@ -14,7 +14,7 @@ import pickle
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageImage, PageResult
 from hsd_cli.stages.dialect import DIALECT_KEYS, page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
+from hsd_cli.stages.planner import page_kind
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
 from hsd_cli.stats import DecodingTotals, PageStats, RegionResult, StageSeconds
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
@@ -36,6 +37,7 @@ from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_opti
 if TYPE_CHECKING:
     from hsd_cli.models.settings import ModelSettings
     from hsd_cli.stages.page import PageRead
+    from hsd_cli.stages.planner import PagePlan
     from hsd_cli.stages.vlm import VlmModel
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
@@ -76,6 +78,30 @@ def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig
 
 
 @dataclass(frozen=True)
+class DocumentSoFar:
+    """What a document's converted pages tell its next page."""
+
+    outputs: tuple[str, ...] = ()  # the model's page outputs: they settle the drafts' dialect
+    tau: tuple[tuple[str, float], ...] = ()  # (page kind, the page stage's tau) where drafts were verified
+
+    def then(self, kind: str, text: str | None, tau: float | None) -> DocumentSoFar:
+        """After a page whose model output is `text` (None: unusable) and whose page stage reached
+        `tau` (None: it verified no drafts)."""
+        if text is None:
+            return self
+        return DocumentSoFar(self.outputs + (text,), self.tau + (((kind, tau),) if tau is not None else ()))
+
+    @classmethod
+    def of(cls, pages: Sequence[PageResult]) -> DocumentSoFar:
+        so_far = cls()
+        for page in pages:
+            if page.text and page.stats and "fallback" not in page.flags:
+                tau = page.stats.page.tau if page.stats.verified_drafts else None
+                so_far = so_far.then(page_kind(page.backend), page.text, tau)
+        return so_far
+
+
+@dataclass(frozen=True)
 class VlmRead:
     """What the VLM stages did on one page: the region passes, then the page stage's reading."""
 
@@ -84,42 +110,51 @@ class VlmRead:
     read: PageRead
     region_s: float  # 0 where no region pass ran
     page_s: float
+    plan: PagePlan | None = None  # the planner's choice (`--stages auto` with a cost profile)
 
 
 def vlm_read(
-    image: PageImage, blocks: tuple[Block, ...], model: VlmModel, stages: Stages, earlier_outputs: list[str]
+    image: PageImage, blocks: tuple[Block, ...], kind: str, model: VlmModel, stages: Stages, so_far: DocumentSoFar
 ) -> VlmRead:
     """The region stage where `stages` plans it, then the page stage verifying the region outputs
     and the other blocks' drafts (`packed`: both in the same forwards); drafts follow the dialect
-    of the document's model outputs so far."""
+    of the document's model outputs so far. `auto` with a cost profile: the planner's choice."""
     # Imported here: a draft-only worker never imports torch and transformers.
     from hsd_cli.stages.packed import packed_stage
-    from hsd_cli.stages.page import page_stage
+    from hsd_cli.stages.page import page_stage, plain_page_stage
+    from hsd_cli.stages.planner import page_outlook, plan_page
     from hsd_cli.stages.region import region_planner, region_stage
 
-    settings = settled(model.settings, earlier_outputs)
+    settings = settled(model.settings, so_far.outputs)
     started = time.perf_counter()
+    plan = None
+    if stages is Stages.AUTO and model.profile is not None:
+        plan = plan_page(model.profile, page_outlook(model, image, blocks, kind, so_far.tau))
+        if plan.chosen == "plain":
+            read = plain_page_stage(model, image.image, settings)
+            return VlmRead(settings, (), read, 0.0, time.perf_counter() - started, plan)
+        stages = Stages(plan.chosen)
     if stages is Stages.PACKED:
         # Region passes run inside the page stage's forwards: their seconds are the page's.
         regions, read = packed_stage(model, image, blocks, region_planner(stages), settings)
-        return VlmRead(settings, regions, read, 0.0, time.perf_counter() - started)
+        return VlmRead(settings, regions, read, 0.0, time.perf_counter() - started, plan)
     regions = region_stage(model, image, blocks, region_planner(stages), settings)
     regions_done = time.perf_counter()
     region_texts = {region.block_id: region.text for region in regions if region.text is not None}
     read = page_stage(model, image.image, page_drafts(blocks, settings, region_texts), settings)
     # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
     region_s = regions_done - started if regions else 0.0
-    return VlmRead(settings, regions, read, region_s, time.perf_counter() - regions_done)
+    return VlmRead(settings, regions, read, region_s, time.perf_counter() - regions_done, plan)
 
 
 def vlm_stage(
-    drafted: PageResult, image: PageImage, model: VlmModel, stages: Stages, earlier_outputs: list[str]
+    drafted: PageResult, image: PageImage, model: VlmModel, stages: Stages, so_far: DocumentSoFar
 ) -> PageResult:
     """The page's result from the VLM stages, with the --baseline reading where asked for."""
     from hsd_cli.stages.page import baseline_check
     from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
 
-    done = vlm_read(image, drafted.blocks, model, stages, earlier_outputs)
+    done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, stages, so_far)
     read = done.read
     baseline_started = time.perf_counter()
     baseline = baseline_check(model, read) if model.options.baseline else None
@@ -131,7 +166,7 @@ def vlm_stage(
     stats = PageStats(
         page=read.result.stats, stop_reason=read.result.stop_reason,
         dialect={name: getattr(done.settings, name) for name in DIALECT_KEYS}, seconds=seconds, regions=done.regions,
-        front_matter=read.front_matter, rotation=read.rotation_reads, baseline=baseline,
+        front_matter=read.front_matter, rotation=read.rotation_reads, baseline=baseline, plan=done.plan,
     )
     flags = ("vlm",) + ((OUTSIDE_REPLAY_SET,) if model.outside_replay_set(image.image) else ()) + read_flags
     return replace(
@@ -187,7 +222,7 @@ def _with_retries(work: Callable[[], Any]) -> tuple[Any, str | None]:
 
 def _convert_page(
     task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmModel | None, emit: EventSink,
-    earlier_outputs: list[str],
+    so_far: DocumentSoFar,
 ) -> tuple[PageResult, list[str]]:
     """Draft, checkpoint the draft, then the VLM stages (whose drafts follow the dialect of the
     document's model outputs so far); each stage retried once."""
@@ -204,7 +239,7 @@ def _convert_page(
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
         debug_fault(task.doc, page_no, "vlm")
-        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config.stages, earlier_outputs))
+        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config.stages, so_far))
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
         elif OUTSIDE_REPLAY_SET in decoded.flags:
@@ -276,8 +311,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 result = with_fallback_flags(drafted, reason) if drafted else failed_page(pdf[index], reason)
             if result is None:
                 emit("page_started", {"page": page_no})
-                earlier = [p.text for p in pages if p.text and "vlm" in p.flags and "fallback" not in p.flags]
-                result, page_warnings = _convert_page(task, pdf[index], backend, vlm, emit, earlier)
+                result, page_warnings = _convert_page(task, pdf[index], backend, vlm, emit, DocumentSoFar.of(pages))
                 warnings.extend(page_warnings)
                 write_atomic(checkpoint, pickle.dumps(result))
                 release_freed_memory()

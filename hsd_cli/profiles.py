@@ -66,8 +66,11 @@ class Profile:
         return float(np.interp(rows, rows_axis, [along_nodes(r) for r in rows_axis]))
 
     def prefill_s(self, image_side: int) -> float:
-        sides = [p.image_side for p in self.prefills]
-        return float(np.interp(image_side, sides, [p.seconds for p in self.prefills]))
+        """A page prefill's seconds for a picture of this side (flat beyond the measured sides)."""
+        return float(np.interp(image_side, [p.image_side for p in self.prefills], [p.seconds for p in self.prefills]))
+
+    def prefill_tokens(self, image_side: int) -> int:
+        return round(float(np.interp(image_side, [p.image_side for p in self.prefills], [p.tokens for p in self.prefills])))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,16 +124,19 @@ def measure_profile(
     progress: Any = lambda line: None,
 ) -> Profile:
     """Time tree forwards over the grid (a chain of `nodes` per row, after a cache of `context`
-    entries; the forward's entries are dropped again after each) and page prefills by image side."""
+    entries; the forward's entries are dropped again after each) and one-row page prefills by
+    image side."""
     import torch
     from PIL import Image
 
     forwards = []
     for context in contexts:
-        prompt = _text_prompt(target, context)
-        for batch in rows:
-            state, _ = target.prefill(target.inputs([None] * batch, [prompt] * batch))
-            cached = int(state.past_len[0])
+        # One row is prefilled; more rows are copies of it (prefilling 8 rows of a real size
+        # costs minutes on a CPU, and a forward's cost does not depend on what the rows hold).
+        state, _ = target.prefill(target.inputs([None], [_text_prompt(target, context)]))
+        cached = int(state.past_len[0])
+        for batch in sorted(rows):
+            target.keep_rows(state, [0] * batch)
             for width in nodes:
                 tokens = torch.full((batch, width), int(target.encode(" page")[0]), dtype=torch.long)
                 depths = torch.arange(width).expand(batch, -1)
@@ -187,6 +193,31 @@ DEVICES = {
     "l4-bf16": DeviceSpec("NVIDIA L4", 300e9, 121e12, "bfloat16"),
 }
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The analytic model fed with what this machine's CPU measures (not published figures): to check
+# the formulas against a measured profile of the same model here.
+THIS_CPU = "this-cpu-float32"
+
+
+def measure_this_cpu(repeats: int = 3) -> DeviceSpec:
+    """This CPU's reachable read bandwidth (summing a 1 GiB tensor) and fp32 matmul FLOP/s (2048^3),
+    with torch's threads; efficiencies 1 since these are reached, not peak, figures."""
+    import torch
+
+    values = torch.ones(2**28)
+    left, right = torch.randn(2048, 2048), torch.randn(2048, 2048)
+
+    def timed(work: Any) -> float:
+        work()
+        started = perf_counter()
+        work()
+        return perf_counter() - started
+
+    read_s = min(timed(values.sum) for _ in range(repeats))
+    matmul_s = min(timed(lambda: left @ right) for _ in range(repeats))
+    return DeviceSpec(
+        f"this CPU ({torch.get_num_threads()} threads)", values.numel() * 4 / read_s, 2 * 2048**3 / matmul_s, "float32",
+        bandwidth_efficiency=1.0, flops_efficiency=1.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -247,7 +278,7 @@ def analytic_prefill_s(shape: ModelShape, device: DeviceSpec, image_side: int, p
 
 
 def analytic_profile(device_name: str, architecture: str, config: dict[str, Any]) -> Profile:
-    device = DEVICES[device_name]
+    device = measure_this_cpu() if device_name == THIS_CPU else DEVICES[device_name]
     shape = ModelShape.of(config)
     forwards = tuple(
         ForwardCost(r, n, c, analytic_forward_s(shape, device, r, n, c)) for c in CONTEXTS for r in ROWS for n in NODES
@@ -298,7 +329,7 @@ def profile(
         typer.Option(help="Measure a real-size architecture with random weights instead: a name in configs/architectures (qwen2_5_vl_3b, qwen2_5_vl_7b) or a config.json."),
     ] = None,
     analytic: Annotated[
-        str | None, typer.Option(help=f"Compute the profile for a device not present, from its published figures: {', '.join(DEVICES)}.")
+        str | None, typer.Option(help=f"Compute the profile for a device not present, from its published figures: {', '.join(DEVICES)}; or {THIS_CPU}, from what this CPU measures (to check the formulas here).")
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or mps (default: what is present).")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: as hsd convert; random weights: float32).")] = None,
@@ -316,8 +347,8 @@ def profile(
 
     if (model is None) == (random_weights is None):
         raise typer.BadParameter("give one of --model and --random-weights")
-    if analytic is not None and analytic not in DEVICES:
-        raise typer.BadParameter(f"unknown device {analytic!r}; known: {', '.join(DEVICES)}", param_hint="--analytic")
+    if analytic is not None and analytic not in (*DEVICES, THIS_CPU):
+        raise typer.BadParameter(f"unknown device {analytic!r}; known: {', '.join((*DEVICES, THIS_CPU))}", param_hint="--analytic")
     from hsd_cli.models.tiny import architecture_config
 
     if analytic:

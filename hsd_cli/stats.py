@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
     from hsd_cli.decoding.stats import DecodeStats
+    from hsd_cli.stages.planner import PagePlan
 
 
 def counts_json(stats: DecodeStats) -> dict[str, Any]:
@@ -85,9 +86,16 @@ class PageStats:
     front_matter: dict[str, Any] | None = None
     rotation: RotationReads | None = None  # only where the page was read more than once
     baseline: BaselineCheck | None = None
+    plan: PagePlan | None = None  # the planner's choice, where it chose (`--stages auto` with a profile)
+
+    @property
+    def verified_drafts(self) -> bool:
+        """Whether the page stage verified drafts (not so where the planner chose plain decoding)."""
+        return self.plan is None or self.plan.chosen != "plain"
 
     def as_json(self) -> dict[str, Any]:
-        """The page JSON's `stats`: counts only, no seconds."""
+        """The page JSON's `stats`: counts (and the planner's predicted seconds, which a profile
+        fixes); no measured seconds."""
         stats: dict[str, Any] = {"page": counts_json(self.page), "stop_reason": self.stop_reason, "dialect": self.dialect}
         if self.front_matter is not None:
             stats["front_matter"] = self.front_matter
@@ -97,6 +105,8 @@ class PageStats:
             stats["regions"] = regions_json(self.regions)
         if self.baseline is not None:
             stats["baseline"] = vars(self.baseline).copy()
+        if self.plan is not None:
+            stats["plan"] = self.plan.as_json()
         return stats
 
 

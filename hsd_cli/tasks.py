@@ -77,6 +77,7 @@ def vlm_options(config: ConvertConfig) -> VlmOptions | None:
         trust_remote_code=config.trust_remote_code,
         max_new_tokens=config.max_new_tokens,
         baseline=config.baseline,
+        profile=config.profile,
     )
 
 

@@ -244,11 +244,11 @@ def _blank_page():
 def _vlm_page(model, image, blocks, earlier_outputs=()):
     """The VLM stages on a page whose draft is `blocks`, as the pipeline orders them (no region pass)."""
     from hsd_cli.config import Stages
-    from hsd_cli.pipeline import vlm_stage
+    from hsd_cli.pipeline import DocumentSoFar, vlm_stage
     from hsd_cli.records import PageResult
 
     drafted = PageResult(page_no=1, size_pt=image.size_pt, blocks=blocks, backend="test", flags=("draft_only",))
-    return vlm_stage(drafted, image, model, Stages.PAGE, list(earlier_outputs))
+    return vlm_stage(drafted, image, model, Stages.PAGE, DocumentSoFar(outputs=tuple(earlier_outputs)))
 
 
 def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_it(tmp_path, monkeypatch):

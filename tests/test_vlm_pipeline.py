@@ -33,9 +33,11 @@ def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_mo
     assert decoding["pages"] == 1 and decoding["speedup"]["kind"] == "measured"
     # Packed region passes run in the page stage's forwards, so their seconds are the page's.
     assert (decoding["region_s"] > 0) == (stages == "region-page")
-    # The region passes are part of what speculation costs: plain page decoding against both.
+    # The region passes are part of what speculation costs: plain page decoding against both
+    # (computed before the seconds are rounded to milliseconds, which on a tiny model's tenths of a
+    # second moves the ratio by a percent or two).
     spent = decoding["region_s"] + decoding["page_s"]
-    assert decoding["speedup"]["value"] == pytest.approx(decoding["baseline_page_s"] / spent, rel=1e-2)
+    assert decoding["speedup"]["value"] == pytest.approx(decoding["baseline_page_s"] / spent, rel=0.05)
 
 
 def _invisible_text_pdf(path, text):
@@ -195,7 +197,7 @@ def test_bench_pipeline_reads_every_page_in_every_arm_as_generate_does(tiny_mode
     report = json.loads(result.stdout)
     assert set(report["kinds"]) == {"born_digital", "scan"}, "the fixture's text-layer page and its scan"
     for kind, arms in report["kinds"].items():
-        assert list(arms) == ["ar", "page", "region-page", "packed"]
+        assert list(arms) == ["ar", "page", "region-page", "packed", "auto"]
         assert arms["ar"]["tau"] == 1.0 and arms["ar"]["decode_speedup"] == 1.0
         pages = sum(page["kind"] == kind for page in report["pages"])
         for arm in arms.values():
@@ -210,5 +212,5 @@ def test_bench_pipeline_refuses_an_unknown_arm(tiny_model, docs_dir):
 
     from hsd_cli.bench import bench_app
 
-    result = CliRunner().invoke(bench_app, ["pipeline", str(docs_dir), "--model", str(tiny_model), "--arms", "page,auto"])
-    assert result.exit_code == 2 and "unknown arm(s) auto" in result.output
+    result = CliRunner().invoke(bench_app, ["pipeline", str(docs_dir), "--model", str(tiny_model), "--arms", "page,fastest"])
+    assert result.exit_code == 2 and "unknown arm(s) fastest" in result.output

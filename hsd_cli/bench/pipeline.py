@@ -5,7 +5,9 @@ Arms:
 - `ar`: the page read with plain greedy `generate` (what a user of the model runs without hsd);
 - `page`: the page stage alone, verifying the pipeline's drafts;
 - `region-page`: a region pass on every block first, its outputs drafting the page stage;
-- `packed`: the region passes and the page stage in the same forwards.
+- `packed`: the region passes and the page stage in the same forwards;
+- `auto`: what `hsd convert --stages auto` does: with a cost profile (`--profile`, or the one
+  `hsd profile` stored for the model), the planner's choice per page.
 Every page is rendered and drafted once; each arm then reads it. A page is `born_digital` when
 its draft came from the PDF's text layer, else `scan`.
 
@@ -29,10 +31,12 @@ from hsd_cli.config import ConvertConfig, Stages
 from hsd_cli.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
+    from hsd_cli.pipeline import DocumentSoFar, VlmRead
+    from hsd_cli.records import PageImage, PageResult
     from hsd_cli.stages.vlm import VlmModel
 
-ARMS = ("ar", "page", "region-page", "packed")
-SPECULATIVE_ARMS = {"page": Stages.PAGE, "region-page": Stages.REGION_PAGE, "packed": Stages.PACKED}
+ARMS = ("ar", "page", "region-page", "packed", "auto")
+SPECULATIVE_ARMS = {"page": Stages.PAGE, "region-page": Stages.REGION_PAGE, "packed": Stages.PACKED, "auto": Stages.AUTO}
 KINDS = ("born_digital", "scan")
 
 
@@ -72,27 +76,32 @@ class PageRun:
     """One arm's reading of one page."""
 
     tokens: list[int]
-    text: str | None  # the page's text where the output was usable (it settles the next pages' dialect)
+    done: VlmRead  # what the stages did (for `ar`: the plain reading)
     forwards: int  # the page stage's, rotation re-reads included (region passes are not counted)
     new_tokens: int
     decode_s: float
     e2e_s: float
 
 
-def run_arm(arm: str, model: VlmModel, image: Any, blocks: tuple, prepare_s: float, earlier: list[str]) -> PageRun:
-    from hsd_cli.pipeline import vlm_read
+def run_arm(
+    arm: str, model: VlmModel, image: PageImage, drafted: PageResult, so_far: DocumentSoFar
+) -> PageRun:
+    from hsd_cli.pipeline import VlmRead, vlm_read
     from hsd_cli.stages.dialect import settled
     from hsd_cli.stages.page import plain_page_stage
+    from hsd_cli.stages.planner import page_kind
 
     started = perf_counter()
     if arm == "ar":
-        read = plain_page_stage(model, image.image, settled(model.settings, earlier))
+        settings = settled(model.settings, so_far.outputs)
+        done = VlmRead(settings, (), plain_page_stage(model, image.image, settings), 0.0, 0.0)
     else:
-        read = vlm_read(image, blocks, model, SPECULATIVE_ARMS[arm], earlier).read
+        done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, SPECULATIVE_ARMS[arm], so_far)
     decode_s = perf_counter() - started
-    result = read.result
+    result = done.read.result
+    prepare_s = drafted.timings["render_s"] + drafted.timings["draft_s"]
     return PageRun(
-        tokens=result.tokens, text=read.outcome()[0], forwards=read.earlier_forwards + result.stats.forwards,
+        tokens=result.tokens, done=done, forwards=done.read.earlier_forwards + result.stats.forwards,
         new_tokens=result.stats.new_tokens, decode_s=decode_s, e2e_s=prepare_s + decode_s,
     )
 
@@ -102,9 +111,9 @@ def bench_pages(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """Every page of `documents` through every arm; totals per page kind and arm."""
-    from hsd_cli.pipeline import draft_stage
+    from hsd_cli.pipeline import DocumentSoFar, draft_stage
     from hsd_cli.stages.draft import make_draft_backend
-    from hsd_cli.stages.draft.pdf_text import PdfTextDraft
+    from hsd_cli.stages.planner import page_kind
     from hsd_cli.stages.rasterize import DocumentError, open_document
 
     totals = {kind: {arm: ArmTotals() for arm in arms} for kind in KINDS}
@@ -118,26 +127,28 @@ def bench_pages(
             progress(f"{path}: skipped ({exc})")
             continue
         backend = make_draft_backend(config, path.stem)
-        earlier: dict[str, list[str]] = {arm: [] for arm in arms}
+        so_far = {arm: DocumentSoFar() for arm in arms}
         with pdf:
             for page in pdf:
                 drafted, image = draft_stage(page, backend, config)
                 if not warmed:  # lazy initialisation is not timed
                     model.target.generate_plainly(image.image, model.settings.page_prompt, 1)
                     warmed = True
-                kind = "born_digital" if drafted.backend == PdfTextDraft.name else "scan"
-                prepare_s = drafted.timings["render_s"] + drafted.timings["draft_s"]
+                kind = page_kind(drafted.backend)
                 progress(f"{path.name} page {drafted.page_no} ({kind})")
-                runs = {arm: run_arm(arm, model, image, drafted.blocks, prepare_s, earlier[arm]) for arm in arms}
+                runs = {arm: run_arm(arm, model, image, drafted, so_far[arm]) for arm in arms}
+                row: dict[str, Any] = {"input": str(path), "page": drafted.page_no, "kind": kind, "arms": {}}
                 for arm, run in runs.items():
-                    totals[kind][arm].add(run, run.tokens == runs["ar"].tokens)
-                    if run.text is not None:
-                        earlier[arm].append(run.text)
-                pages.append({
-                    "input": str(path), "page": drafted.page_no, "kind": kind,
-                    "arms": {arm: {"forwards": run.forwards, "new_tokens": run.new_tokens, "decode_s": round(run.decode_s, 3),
-                                   "identical": run.tokens == runs["ar"].tokens} for arm, run in runs.items()},
-                })
+                    identical = run.tokens == runs["ar"].tokens
+                    totals[kind][arm].add(run, identical)
+                    verified = run.done.plan is None or run.done.plan.chosen != "plain"
+                    tau = run.done.read.result.stats.tau if verified and arm != "ar" else None
+                    so_far[arm] = so_far[arm].then(kind, run.done.read.outcome()[0], tau)
+                    row["arms"][arm] = {"forwards": run.forwards, "new_tokens": run.new_tokens,
+                                        "decode_s": round(run.decode_s, 3), "identical": identical}
+                    if run.done.plan is not None:
+                        row["arms"][arm]["plan"] = run.done.plan.as_json()
+                pages.append(row)
     kinds = {
         kind: {arm: arm_totals.as_json(by_arm["ar"]) for arm, arm_totals in by_arm.items()}
         for kind, by_arm in totals.items() if by_arm["ar"].pages
@@ -170,6 +181,9 @@ def pipeline(
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the model's repository.")] = False,
     arms: Annotated[str, typer.Option(help=f"Comma-separated arms among {', '.join(ARMS)} (ar always runs).")] = ",".join(ARMS),
     max_new_tokens: Annotated[int | None, typer.Option(help="Token budget per page (default: the family's).")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="Cost profile the auto arm plans with (default: the one `hsd profile` stored for the model).")
+    ] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
@@ -191,7 +205,10 @@ def pipeline(
         torch.set_num_threads(threads)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    options = VlmOptions(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens)
+    options = VlmOptions(
+        model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens,
+        profile=profile,
+    )
     try:
         preflight(options)
     except ModelUnavailableError as exc:
@@ -203,6 +220,7 @@ def pipeline(
     report.update(
         model=model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),
         max_new_tokens=vlm.decode_config.max_new_tokens, threads=torch.get_num_threads(), arms=chosen,
+        profile=vlm.profile.name if vlm.profile else None,
     )
     print_table(report, f"hsd bench pipeline: {model}, {report['dtype']}")
     if json_output:

@@ -10,6 +10,7 @@ from PIL import Image
 
 from hsd_cli.decoding import DecodeConfig, UnsupportedTransformersError, check_cache_layout, load_target
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
+from hsd_cli.profiles import Profile, load_profile, profile_name
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
 
 # Flag of a page that a replay model (a benchmark stand-in) was not built on.
@@ -24,6 +25,7 @@ class VlmOptions:
     trust_remote_code: bool = False
     max_new_tokens: int | None = None  # None: the family's setting
     baseline: bool = False  # also decode plainly, to measure the speedup
+    profile: str | None = None  # the cost profile `--stages auto` plans with (None: the stored one of this model, if any)
 
 
 class ModelUnavailableError(RuntimeError):
@@ -58,7 +60,25 @@ def preflight(options: VlmOptions) -> str:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelUnavailableError(f"cannot load model {options.model!r}: {first_line}") from None
     settings_for(family)
+    if options.profile:
+        try:
+            load_profile(options.profile)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelUnavailableError(
+                f"cannot read cost profile {options.profile!r}: {exc}", hint="make one with `hsd profile --model ...`"
+            ) from None
     return family
+
+
+def cost_profile(options: VlmOptions, device: str, dtype: str) -> Profile | None:
+    """The profile named by --profile, else the one `hsd profile --model` stored for this model,
+    device and dtype; None where there is none (`auto` then plans by a fixed rule)."""
+    if options.profile:
+        return load_profile(options.profile)
+    try:
+        return load_profile(profile_name(options.model, device, dtype))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class VlmModel:
@@ -78,6 +98,7 @@ class VlmModel:
         self.settings: ModelSettings = settings_for(self.target.model_type)
         budget = options.max_new_tokens or self.settings.max_new_tokens
         self.decode_config = DecodeConfig(max_new_tokens=budget)
+        self.profile = cost_profile(options, str(self.target.device), str(self.target.dtype).removeprefix("torch."))
 
     def outside_replay_set(self, picture: Image.Image) -> bool:
         """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""
