@@ -202,7 +202,7 @@ def test_bench_pipeline_reads_every_page_in_every_arm_as_generate_does(tiny_mode
         pages = sum(page["kind"] == kind for page in report["pages"])
         for arm in arms.values():
             assert arm["pages"] == pages and arm["identical_share"] == 1.0, "lossless: the tokens of generate"
-            assert set(arm) == {"pages", "tau", "decode_s", "e2e_s", "decode_speedup", "e2e_speedup", "identical_share"}
+            assert set(arm) == {"pages", "tau", "decode_s", "e2e_s", "decode_speedup", "e2e_speedup", "identical_share", "projected"}
             assert arm["e2e_s"] > arm["decode_s"] > 0
     assert [page["kind"] for page in report["pages"]] == ["born_digital", "born_digital", "scan"]
 
@@ -214,3 +214,31 @@ def test_bench_pipeline_refuses_an_unknown_arm(tiny_model, docs_dir):
 
     result = CliRunner().invoke(bench_app, ["pipeline", str(docs_dir), "--model", str(tiny_model), "--arms", "page,fastest"])
     assert result.exit_code == 2 and "unknown arm(s) fastest" in result.output
+
+
+def test_bench_pipeline_projects_every_arms_measured_steps_onto_a_profile(tiny_model, docs_dir, tmp_path):
+    """On a device where a forward costs the same whatever its width (memory-bound), speculation
+    gains what it saves in forwards: the projection prices the measured steps, not the CPU's."""
+    from typer.testing import CliRunner
+
+    from hsd_cli.bench import bench_app
+    from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
+
+    flat = Profile("flat", "test", "gpu", "bfloat16", "analytic",
+                   tuple(ForwardCost(r, n, c, 0.01) for r in (1, 8) for n in (1, 64) for c in (64, 4096)),
+                   (PrefillCost(64, 50, 0.05), PrefillCost(2048, 1000, 0.05)))
+    profile_file = tmp_path / "flat.json"
+    profile_file.write_text(json.dumps(flat.to_json()))
+    args = ["pipeline", str(docs_dir / "report.pdf"), "--model", str(tiny_model), "--dtype", "float32",
+            "--max-new-tokens", "16", "--arms", "page,packed", "--profile", str(profile_file), "--json"]
+    result = CliRunner().invoke(bench_app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    arms = report["kinds"]["born_digital"]
+    assert report["profile"] == "flat" and arms["ar"]["projected"]["decode_speedup"] == 1.0
+    pages = arms["ar"]["pages"]
+    # ar: a prefill and 15 one-node forwards per page, each 10 ms on this profile.
+    assert arms["ar"]["projected"]["decode_s"] == pytest.approx(pages * (0.05 + 15 * 0.01), abs=0.01)
+    page_forwards = sum(page["arms"]["page"]["forwards"] - 1 for page in report["pages"])
+    assert arms["page"]["projected"]["decode_s"] == pytest.approx(pages * 0.05 + page_forwards * 0.01, abs=0.01)
+    assert arms["packed"]["projected"]["decode_s"] > arms["page"]["projected"]["decode_s"], "the crops' prefills"

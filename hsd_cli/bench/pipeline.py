@@ -13,6 +13,8 @@ its draft came from the PDF's text layer, else `scan`.
 
 Seconds: `decode_s` is all model work of an arm on the page (vision encoding, prefills and
 decoding, region passes included); `e2e_s` adds rendering and drafting, which every arm shares.
+With a profile, `projected` is the same work on the profile's device: every prefill and every
+forward at its measured shape (rows x nodes, context), priced by the profile.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from hsd_cli.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
     from hsd_cli.pipeline import DocumentSoFar, VlmRead
+    from hsd_cli.profiles import Profile
     from hsd_cli.records import PageImage, PageResult
     from hsd_cli.stages.vlm import VlmModel
 
@@ -50,8 +53,10 @@ class ArmTotals:
     decode_s: float = 0.0
     e2e_s: float = 0.0
     identical: int = 0  # pages whose tokens equal `ar`'s
+    projected_s: float = 0.0  # the same work's seconds on the `--profile` device
 
-    def add(self, run: PageRun, identical: bool) -> None:
+    def add(self, run: PageRun, identical: bool, projected_s: float) -> None:
+        self.projected_s += projected_s
         self.pages += 1
         self.forwards += run.forwards
         self.new_tokens += run.new_tokens
@@ -59,7 +64,11 @@ class ArmTotals:
         self.e2e_s += run.e2e_s
         self.identical += identical
 
-    def as_json(self, ar: ArmTotals) -> dict[str, Any]:
+    def as_json(self, ar: ArmTotals, profile: Profile | None) -> dict[str, Any]:
+        projected = None
+        if profile is not None:
+            speedup = round(ar.projected_s / self.projected_s, 3) if self.projected_s else 0.0
+            projected = {"profile": profile.name, "decode_s": round(self.projected_s, 3), "decode_speedup": speedup}
         return {
             "pages": self.pages,
             "tau": round(self.new_tokens / self.forwards, 3) if self.forwards else 0.0,
@@ -68,7 +77,32 @@ class ArmTotals:
             "decode_speedup": round(ar.decode_s / self.decode_s, 3) if self.decode_s else 0.0,
             "e2e_speedup": round(ar.e2e_s / self.e2e_s, 3) if self.e2e_s else 0.0,
             "identical_share": round(self.identical / self.pages, 4) if self.pages else 0.0,
+            "projected": projected,
         }
+
+
+def projected_s(profile: Profile, arm: str, run: PageRun, picture_side: int) -> float:
+    """What the arm's model work on the page costs on the profile's device: its prefills, and
+    each forward it ran at its measured shape (rows x nodes, context). Rows decoded together share
+    their forwards: a batch costs the steps of its longest-running row."""
+    from hsd_cli.stages.region import REGION_BATCH
+
+    page_prompt, crop_prompt = profile.prefill_tokens(picture_side), profile.prefill_tokens(0)
+
+    def forwards_s(steps: list[tuple[int, int, int]], prompt: int) -> float:
+        return sum(profile.forward_s(rows, nodes, prompt + emitted) for rows, nodes, emitted in steps)
+
+    read = run.done.read.result
+    if arm == "ar":  # generate: one forward of one node per token after the prefill's
+        return profile.prefill_s(picture_side) + sum(profile.forward_s(1, 1, page_prompt + i) for i in range(1, len(read.tokens)))
+    regions = run.done.regions
+    crops_s = len(regions) * profile.prefill_s(0)
+    if regions and not run.done.region_s:  # packed: the region passes ran in the page's forwards
+        longest = max([read.stats.steps, *(region.counts.steps for region in regions)], key=len)
+        return profile.prefill_s(picture_side) + crops_s + forwards_s(longest, page_prompt)
+    batches = [regions[start : start + REGION_BATCH] for start in range(0, len(regions), REGION_BATCH)]
+    region_s = sum(forwards_s(max((region.counts.steps for region in batch), key=len), crop_prompt) for batch in batches)
+    return profile.prefill_s(picture_side) + crops_s + region_s + forwards_s(read.stats.steps, page_prompt)
 
 
 @dataclass(frozen=True)
@@ -140,7 +174,8 @@ def bench_pages(
                 row: dict[str, Any] = {"input": str(path), "page": drafted.page_no, "kind": kind, "arms": {}}
                 for arm, run in runs.items():
                     identical = run.tokens == runs["ar"].tokens
-                    totals[kind][arm].add(run, identical)
+                    projected = projected_s(model.profile, arm, run, max(image.image.size)) if model.profile else 0.0
+                    totals[kind][arm].add(run, identical, projected)
                     verified = run.done.plan is None or run.done.plan.chosen != "plain"
                     tau = run.done.read.result.stats.tau if verified and arm != "ar" else None
                     so_far[arm] = so_far[arm].then(kind, run.done.read.outcome()[0], tau)
@@ -150,7 +185,7 @@ def bench_pages(
                         row["arms"][arm]["plan"] = run.done.plan.as_json()
                 pages.append(row)
     kinds = {
-        kind: {arm: arm_totals.as_json(by_arm["ar"]) for arm, arm_totals in by_arm.items()}
+        kind: {arm: arm_totals.as_json(by_arm["ar"], model.profile) for arm, arm_totals in by_arm.items()}
         for kind, by_arm in totals.items() if by_arm["ar"].pages
     }
     return {"kinds": kinds, "pages": pages}
@@ -161,15 +196,19 @@ def print_table(report: dict[str, Any], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
+    projected = bool(report.get("profile"))
     columns = ("kind", "arm", "pages", "tau", "decode s", "e2e s", "decode speedup", "e2e speedup", "identical")
-    for column in columns:
+    for column in columns + (("projected s", "projected speedup") if projected else ()):
         table.add_column(column, justify="left" if column in ("kind", "arm") else "right")
     for kind, arms in report["kinds"].items():
         for arm, row in arms.items():
-            table.add_row(
+            cells = [
                 kind, arm, str(row["pages"]), f"{row['tau']:.2f}", f"{row['decode_s']:.1f}", f"{row['e2e_s']:.1f}",
                 f"{row['decode_speedup']:.2f}x", f"{row['e2e_speedup']:.2f}x", f"{row['identical_share']:.0%}",
-            )
+            ]
+            if projected:
+                cells += [f"{row['projected']['decode_s']:.2f}", f"{row['projected']['decode_speedup']:.2f}x"]
+            table.add_row(*cells)
     Console(stderr=True).print(table)
 
 
@@ -182,7 +221,8 @@ def pipeline(
     arms: Annotated[str, typer.Option(help=f"Comma-separated arms among {', '.join(ARMS)} (ar always runs).")] = ",".join(ARMS),
     max_new_tokens: Annotated[int | None, typer.Option(help="Token budget per page (default: the family's).")] = None,
     profile: Annotated[
-        str | None, typer.Option(help="Cost profile the auto arm plans with (default: the one `hsd profile` stored for the model).")
+        str | None,
+        typer.Option(help="Cost profile (a stored name or a JSON file) the auto arm plans with and every arm's measured steps are projected onto (default: the one `hsd profile` stored for the model)."),
     ] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,

@@ -182,7 +182,7 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
         path_tokens = trees.tokens[row, outcome.path[1:]].tolist()
         sequence.request.proposer.observe(path_tokens)
         emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
-        sequence.stats.record_step(int(trees.valid[row].sum()) - 1, outcome.accepted, emitted)
+        sequence.stats.record_step(int(trees.valid[row].sum()) - 1, outcome.accepted, emitted, len(active), trees.width)
     finished_at = perf_counter()
     for sequence in active:
         sequence.stats.propose_s += proposed_at - start

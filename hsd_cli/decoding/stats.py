@@ -19,6 +19,9 @@ class DecodeStats:
     prefill_s: float = 0.0
     propose_s: float = 0.0
     verify_s: float = 0.0  # tree forwards, verification and cache compaction
+    # Per tree forward this sequence took part in: (batch rows, nodes per row, tokens emitted
+    # before it). Its shape, to project what it costs on a cost profile; not in `as_dict`.
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -37,8 +40,10 @@ class DecodeStats:
     def decode_s(self) -> float:
         return self.propose_s + self.verify_s
 
-    def record_step(self, proposed: int, accepted: int, emitted: int) -> None:
-        """One tree forward: `emitted` is accepted + 1 unless EOS or the budget cut the step."""
+    def record_step(self, proposed: int, accepted: int, emitted: int, rows: int = 1, width: int = 1) -> None:
+        """One tree forward over `rows` rows of `width` nodes: `emitted` is accepted + 1 unless EOS
+        or the budget cut the step."""
+        self.steps.append((rows, width, self.new_tokens))
         self.forwards += 1
         self.new_tokens += emitted
         self.proposed += proposed
