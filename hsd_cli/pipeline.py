@@ -31,13 +31,12 @@ from hsd_cli.stages.dialect import DIALECT_KEYS, page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
 from hsd_cli.stages.planner import page_kind
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
-from hsd_cli.stats import DecodingTotals, PageStats, RegionResult, StageSeconds
+from hsd_cli.stats import DecodingTotals, PagePlan, PageStats, RegionResult, StageSeconds
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
 
 if TYPE_CHECKING:
     from hsd_cli.models.settings import ModelSettings
     from hsd_cli.stages.page import PageRead
-    from hsd_cli.stages.planner import PagePlan
     from hsd_cli.stages.vlm import VlmModel
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed

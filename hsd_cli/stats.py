@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
     from hsd_cli.decoding.stats import DecodeStats
-    from hsd_cli.stages.planner import PagePlan
 
 
 def counts_json(stats: DecodeStats) -> dict[str, Any]:
@@ -72,6 +71,18 @@ class StageSeconds:
         if self.baseline_page_s is not None:
             timings["baseline_page_s"] = self.baseline_page_s
         return timings
+
+
+@dataclass(frozen=True)
+class PagePlan:
+    """The planner's choice for a page (`--stages auto` with a cost profile, stages/planner.py)."""
+
+    chosen: str
+    tau: float  # the acceptance the prediction assumed
+    predicted_s: dict[str, float]  # every plan's predicted seconds
+
+    def as_json(self) -> dict[str, object]:
+        return {"chosen": self.chosen, "tau": round(self.tau, 3), "predicted_s": {k: round(v, 3) for k, v in self.predicted_s.items()}}
 
 
 @dataclass(frozen=True)

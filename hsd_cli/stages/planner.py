@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from hsd_cli.config import Stages
 from hsd_cli.profiles import Profile
+from hsd_cli.stats import PagePlan
 from hsd_cli.records import Block, PageImage
 from hsd_cli.stages.dialect import draft_plan
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
@@ -54,16 +55,6 @@ class PageOutlook:
     crops: int  # blocks a packed pass would read
     picture_side: int  # the page picture's longer side, in pixels
     earlier_tau: tuple[float, ...] = ()  # the page stage's tau on the document's earlier pages of this kind
-
-
-@dataclass(frozen=True)
-class PagePlan:
-    chosen: str
-    tau: float  # the acceptance the prediction assumed
-    predicted_s: dict[str, float]  # every plan's predicted seconds
-
-    def as_json(self) -> dict[str, object]:
-        return {"chosen": self.chosen, "tau": round(self.tau, 3), "predicted_s": {k: round(v, 3) for k, v in self.predicted_s.items()}}
 
 
 def expected_tau(outlook: PageOutlook) -> float:
