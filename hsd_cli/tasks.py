@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hsd_cli.config import ConvertConfig, Stages
 from hsd_cli.inputs import InputDocument, OutputPaths

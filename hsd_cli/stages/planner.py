@@ -26,15 +26,14 @@ from typing import TYPE_CHECKING
 
 from hsd_cli.config import Stages
 from hsd_cli.profiles import Profile
-from hsd_cli.stats import PagePlan
 from hsd_cli.records import Block, PageImage
 from hsd_cli.stages.dialect import draft_plan
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
+from hsd_cli.stats import PagePlan
 
 if TYPE_CHECKING:
     from hsd_cli.stages.vlm import VlmModel
 
-PLANS = ("plain", "page", "packed")
 TAU_PRIOR = {"born_digital": 4.5, "scan": 2.0}  # a little under the measured 5.4 and 2.4
 PRIOR_WEIGHT = 1.0  # the prior counts as this many observed pages
 WIDTH = 24  # tree nodes a step verifies, typically (chains up to 33, tries shrink while they fail)
