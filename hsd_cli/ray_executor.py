@@ -68,12 +68,18 @@ class DocumentActor:
         events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
 
         def work() -> None:
-            events.put(("doc_done", run_document(task, lambda name, payload: events.put((name, payload)))))
+            try:
+                events.put(("doc_done", run_document(task, lambda name, payload: events.put((name, payload)))))
+            except BaseException as exc:  # noqa: BLE001 - e.g. the worker cannot import the pipeline
+                events.put(("worker_error", exc))
 
         # The pipeline reports through a callback; a thread lets this generator yield meanwhile.
         threading.Thread(target=work, daemon=True).start()
         while True:
             event = events.get()
+            if event[0] == "worker_error":
+                # Raised here, the driver sees the worker fail instead of waiting for an outcome.
+                raise event[1]
             yield event
             if event[0] == "doc_done":
                 return
@@ -119,6 +125,9 @@ class RayWorker:
             self.gone = "stream ended without an outcome"
         except RayActorError as exc:
             self.gone = f"crash ({type(exc).__name__})"
+        except RayError as exc:  # the worker raised: its cause, in one line
+            cause = getattr(exc, "cause", None) or exc
+            self.gone = f"worker error ({type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''})"
         return None
 
     def lost(self) -> str | None:

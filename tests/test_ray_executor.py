@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,10 +19,21 @@ from tests.test_batch import _manifest, _statuses
 ray = pytest.importorskip("ray")
 
 
+# Ray puts a driver's working directory first on its workers' import path. The tests run in the
+# checkout, whose hsd_cli is not the installed package (CI installs a wheel): drivers here start
+# in a directory that holds no source tree, as users' runs do.
+NEUTRAL_DIR = Path(tempfile.gettempdir())
+
+
 @pytest.fixture(scope="module")
 def cluster() -> str:
     """A 2-CPU Ray instance for this module; yields its address for drivers in other processes."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    here = Path.cwd()
+    os.chdir(NEUTRAL_DIR)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:
+        os.chdir(here)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -56,7 +68,7 @@ def _manifest_statuses(out: Path) -> dict[str, str]:
 def _driver(corpus: Path, out: Path, address: str, *extra: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "hsd_cli.cli", "convert", str(corpus), "-o", str(out), "-q",
                "--executor", "ray", "--ray-address", address, *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=NEUTRAL_DIR)
 
 
 def _wait_for(condition, seconds: float, proc: subprocess.Popen) -> None:
@@ -176,3 +188,21 @@ def test_worker_actors_size_onnxruntime_to_their_cpus(cluster):
             assert ray.get(actor.__ray_call__.remote(threads), timeout=120) == (str(cpus), str(cpus))
         finally:
             ray.kill(actor)
+
+
+def test_a_worker_that_cannot_run_fails_its_documents_instead_of_hanging(cluster, docs_dir, tmp_path):
+    """A driver started beside another `hsd_cli` (Ray gives its workers the driver's directory
+    first on the import path): the workers' error ends each document with a reason, and the run.
+    (Before, the error escaped the driver's worker thread; an error inside the actor's pipeline
+    thread also used to leave the driver waiting for an outcome forever: both now end as `failed`.)"""
+    shadow = tmp_path / "cwd" / "hsd_cli"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('a source tree, not the installed hsd')\n")
+    command = [sys.executable, "-m", "hsd_cli.cli", "convert", str(docs_dir / "report.pdf"), "-o", str(tmp_path / "out"),
+               "--executor", "ray", "--ray-address", cluster, "--json", "-q"]
+    # PYTHONSAFEPATH: the driver itself imports the installed hsd, only the workers see the shadow.
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=shadow.parent, timeout=600,
+                          env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert proc.returncode == 1, proc.stderr
+    (document,) = json.loads(proc.stdout)["documents"]
+    assert document["status"] == "failed" and "a source tree, not the installed hsd" in document["error"]
