@@ -119,7 +119,7 @@ def _best_of(repeats: int, run: Any) -> float:
 
 
 def measure_profile(
-    target: Any, name: str, model: str, *, rows: tuple[int, ...] = ROWS, nodes: tuple[int, ...] = NODES,
+    target: Any, model: str, *, rows: tuple[int, ...] = ROWS, nodes: tuple[int, ...] = NODES,
     contexts: tuple[int, ...] = CONTEXTS, image_sides: tuple[int, ...] = IMAGE_SIDES, repeats: int = 2,
     progress: Any = lambda line: None,
 ) -> Profile:
@@ -165,8 +165,9 @@ def measure_profile(
 
         prefills.append(PrefillCost(side, int(inputs["input_ids"].shape[1]), _best_of(repeats, prefill)))
         progress(f"prefill {side}x{side} ({prefills[-1].tokens} tokens): {prefills[-1].seconds:.3f} s")
+    device, dtype = str(target.device), str(target.dtype).removeprefix("torch.")
     return Profile(
-        name=name, model=model, device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
+        name=profile_name(model, device, dtype), model=model, device=device, dtype=dtype,
         kind="measured", forwards=tuple(forwards), prefills=tuple(prefills),
     )
 
@@ -372,9 +373,8 @@ def profile(
 
             target = load_target(model, device=device, dtype=dtype)
             source = model
-        name = profile_name(source, str(target.device), str(target.dtype).removeprefix("torch."))
         result = measure_profile(
-            target, name, source, rows=_ints(rows), nodes=_ints(nodes), contexts=_ints(contexts),
+            target, source, rows=_ints(rows), nodes=_ints(nodes), contexts=_ints(contexts),
             image_sides=_ints(image_sides), repeats=repeats, progress=lambda line: print(line, file=sys.stderr),
         )
     path = save_profile(result)

@@ -40,7 +40,7 @@ class DecodeStats:
     def decode_s(self) -> float:
         return self.propose_s + self.verify_s
 
-    def record_step(self, proposed: int, accepted: int, emitted: int, rows: int = 1, width: int = 1) -> None:
+    def record_step(self, proposed: int, accepted: int, emitted: int, rows: int, width: int) -> None:
         """One tree forward over `rows` rows of `width` nodes: `emitted` is accepted + 1 unless EOS
         or the budget cut the step."""
         self.steps.append((rows, width, self.new_tokens))
