@@ -242,3 +242,27 @@ def test_bench_pipeline_projects_every_arms_measured_steps_onto_a_profile(tiny_m
     page_forwards = sum(page["arms"]["page"]["forwards"] - 1 for page in report["pages"])
     assert arms["page"]["projected"]["decode_s"] == pytest.approx(pages * 0.05 + page_forwards * 0.01, abs=0.01)
     assert arms["packed"]["projected"]["decode_s"] > arms["page"]["projected"]["decode_s"], "the crops' prefills"
+
+
+def test_a_plain_reading_is_projected_as_one_forward_per_token(tiny_model, docs_dir, tmp_path):
+    """Where the planner chooses plain generate (every node priced), the auto arm costs on the
+    profile exactly what `ar` costs: a prefill and a one-node forward per token after the first."""
+    from typer.testing import CliRunner
+
+    from hsd_cli.bench import bench_app
+    from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
+
+    nodes_dear = Profile("nodes-dear", "test", "cpu", "float32", "analytic",
+                         tuple(ForwardCost(r, n, c, 0.01 * r * n) for r in (1, 8) for n in (1, 64) for c in (64, 4096)),
+                         (PrefillCost(64, 50, 0.05), PrefillCost(2048, 1000, 0.05)))
+    profile_file = tmp_path / "nodes-dear.json"
+    profile_file.write_text(json.dumps(nodes_dear.to_json()))
+    args = ["pipeline", str(docs_dir / "report.pdf"), "--model", str(tiny_model), "--dtype", "float32",
+            "--max-new-tokens", "16", "--arms", "auto", "--profile", str(profile_file), "--json"]
+    result = CliRunner().invoke(bench_app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert {page["arms"]["auto"]["plan"]["chosen"] for page in report["pages"]} == {"plain"}
+    arms = report["kinds"]["born_digital"]
+    assert arms["auto"]["projected"]["decode_s"] == pytest.approx(arms["ar"]["projected"]["decode_s"])
+    assert arms["ar"]["projected"]["decode_s"] == pytest.approx(arms["ar"]["pages"] * (0.05 + 15 * 0.01), abs=1e-6)

@@ -81,7 +81,7 @@ class ArmTotals:
         }
 
 
-def projected_s(profile: Profile, arm: str, run: PageRun, picture_side: int) -> float:
+def projected_s(profile: Profile, run: PageRun, picture_side: int) -> float:
     """What the arm's model work on the page costs on the profile's device: its prefills, and
     each forward it ran at its measured shape (rows x nodes, context). Rows decoded together share
     their forwards: a batch costs the steps of its longest-running row."""
@@ -93,8 +93,6 @@ def projected_s(profile: Profile, arm: str, run: PageRun, picture_side: int) -> 
         return sum(profile.forward_s(rows, nodes, prompt + emitted) for rows, nodes, emitted in steps)
 
     read = run.done.read.result
-    if arm == "ar":  # generate: one forward of one node per token after the prefill's
-        return profile.prefill_s(picture_side) + sum(profile.forward_s(1, 1, page_prompt + i) for i in range(1, len(read.tokens)))
     regions = run.done.regions
     crops_s = len(regions) * profile.prefill_s(0)
     if regions and not run.done.region_s:  # packed: the region passes ran in the page's forwards
@@ -174,7 +172,7 @@ def bench_pages(
                 row: dict[str, Any] = {"input": str(path), "page": drafted.page_no, "kind": kind, "arms": {}}
                 for arm, run in runs.items():
                     identical = run.tokens == runs["ar"].tokens
-                    projected = projected_s(model.profile, arm, run, max(image.image.size)) if model.profile else 0.0
+                    projected = projected_s(model.profile, run, max(image.image.size)) if model.profile else 0.0
                     totals[kind][arm].add(run, identical, projected)
                     verified = run.done.plan is None or run.done.plan.chosen != "plain"
                     tau = run.done.read.result.stats.tau if verified and arm != "ar" else None

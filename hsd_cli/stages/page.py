@@ -79,7 +79,8 @@ def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSetti
 
     def read(turned: Image.Image) -> DecodeResult:
         tokens = model.target.generate_plainly(turned, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
-        stats = DecodeStats(forwards=len(tokens), new_tokens=len(tokens))
+        # After the prefill's token, one forward of one node per token: the shapes a profile prices.
+        stats = DecodeStats(forwards=len(tokens), new_tokens=len(tokens), steps=[(1, 1, i) for i in range(1, len(tokens))])
         stop = "budget" if len(tokens) >= config.max_new_tokens else "eos"  # a guard's stop reads as eos
         return DecodeResult(tokens, stats, stop, model.target.decode(tokens))
 
