@@ -216,24 +216,30 @@ def test_bench_pipeline_refuses_an_unknown_arm(tiny_model, docs_dir):
     assert result.exit_code == 2 and "unknown arm(s) fastest" in result.output
 
 
-def test_bench_pipeline_projects_every_arms_measured_steps_onto_a_profile(tiny_model, docs_dir, tmp_path):
-    """On a device where a forward costs the same whatever its width (memory-bound), speculation
-    gains what it saves in forwards: the projection prices the measured steps, not the CPU's."""
+def _bench_on_profile(name, forward_s, arms, tiny_model, docs_dir, tmp_path) -> dict:
+    """`hsd bench pipeline --profile` on the fixture's born-digital PDF with a profile whose
+    forward costs `forward_s(rows, nodes)` at any context and whose prefills cost 50 ms."""
     from typer.testing import CliRunner
 
     from hsd_cli.bench import bench_app
     from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
 
-    flat = Profile("flat", "test", "gpu", "bfloat16", "analytic",
-                   tuple(ForwardCost(r, n, c, 0.01) for r in (1, 8) for n in (1, 64) for c in (64, 4096)),
-                   (PrefillCost(64, 50, 0.05), PrefillCost(2048, 1000, 0.05)))
-    profile_file = tmp_path / "flat.json"
-    profile_file.write_text(json.dumps(flat.to_json()))
+    profile = Profile(name, "test", "gpu", "bfloat16", "analytic",
+                      tuple(ForwardCost(r, n, c, forward_s(r, n)) for r in (1, 8) for n in (1, 64) for c in (64, 4096)),
+                      (PrefillCost(64, 50, 0.05), PrefillCost(2048, 1000, 0.05)))
+    profile_file = tmp_path / f"{name}.json"
+    profile_file.write_text(json.dumps(profile.to_json()))
     args = ["pipeline", str(docs_dir / "report.pdf"), "--model", str(tiny_model), "--dtype", "float32",
-            "--max-new-tokens", "16", "--arms", "page,packed", "--profile", str(profile_file), "--json"]
+            "--max-new-tokens", "16", "--arms", arms, "--profile", str(profile_file), "--json"]
     result = CliRunner().invoke(bench_app, args)
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_bench_pipeline_projects_every_arms_measured_steps_onto_a_profile(tiny_model, docs_dir, tmp_path):
+    """On a device where a forward costs the same whatever its width (memory-bound), speculation
+    gains what it saves in forwards: the projection prices the measured steps, not the CPU's."""
+    report = _bench_on_profile("flat", lambda rows, nodes: 0.01, "page,packed", tiny_model, docs_dir, tmp_path)
     arms = report["kinds"]["born_digital"]
     assert report["profile"] == "flat" and arms["ar"]["projected"]["decode_speedup"] == 1.0
     pages = arms["ar"]["pages"]
@@ -247,21 +253,7 @@ def test_bench_pipeline_projects_every_arms_measured_steps_onto_a_profile(tiny_m
 def test_a_plain_reading_is_projected_as_one_forward_per_token(tiny_model, docs_dir, tmp_path):
     """Where the planner chooses plain generate (every node priced), the auto arm costs on the
     profile exactly what `ar` costs: a prefill and a one-node forward per token after the first."""
-    from typer.testing import CliRunner
-
-    from hsd_cli.bench import bench_app
-    from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
-
-    nodes_dear = Profile("nodes-dear", "test", "cpu", "float32", "analytic",
-                         tuple(ForwardCost(r, n, c, 0.01 * r * n) for r in (1, 8) for n in (1, 64) for c in (64, 4096)),
-                         (PrefillCost(64, 50, 0.05), PrefillCost(2048, 1000, 0.05)))
-    profile_file = tmp_path / "nodes-dear.json"
-    profile_file.write_text(json.dumps(nodes_dear.to_json()))
-    args = ["pipeline", str(docs_dir / "report.pdf"), "--model", str(tiny_model), "--dtype", "float32",
-            "--max-new-tokens", "16", "--arms", "auto", "--profile", str(profile_file), "--json"]
-    result = CliRunner().invoke(bench_app, args)
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    report = _bench_on_profile("nodes-dear", lambda rows, nodes: 0.01 * rows * nodes, "auto", tiny_model, docs_dir, tmp_path)
     assert {page["arms"]["auto"]["plan"]["chosen"] for page in report["pages"]} == {"plain"}
     arms = report["kinds"]["born_digital"]
     assert arms["auto"]["projected"]["decode_s"] == pytest.approx(arms["ar"]["projected"]["decode_s"])
