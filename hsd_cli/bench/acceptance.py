@@ -24,12 +24,12 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
     """Every page with a published output, drafted as `hsd convert` drafts it (default settings)
     and written in the family's dialect as the page stage writes its drafts: settled, as in a
     convert run, by the outputs of the document's earlier pages."""
-    from hsd_cli.bench.oracle import BenchPage
+    from hsd_cli.bench.oracle import BenchBlock, BenchPage
     from hsd_cli.config import ConvertConfig
     from hsd_cli.inputs import sniff_kind
-    from hsd_cli.replay.dataset import pair_pages
+    from hsd_cli.replay.dataset import pair_pages, region_target
     from hsd_cli.stages.draft import draft_page, make_draft_backend
-    from hsd_cli.stages.dialect import page_drafts, settled
+    from hsd_cli.stages.dialect import block_drafts, draft_plan, page_drafts, settled
     from hsd_cli.stages.rasterize import open_document
 
     pairs, unmatched = pair_pages(outputs, inputs)
@@ -44,11 +44,17 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
         with document:
             draft = draft_page(make_draft_backend(defaults, pair.document.stem), document[pair.page_no - 1])
         outputs_so_far = earlier.setdefault(pair.document, [])
-        drafts = tuple(page_drafts(draft.blocks, settled(settings, outputs_so_far)))  # as --stages page drafts
+        dialect = settled(settings, outputs_so_far)
+        drafts = tuple(page_drafts(draft.blocks, dialect))  # as --stages page drafts
+        blocks = tuple(
+            BenchBlock(block.source, block.kind.value, block.confidence, tuple(block_drafts(block, dialect)), span)
+            for block, region in draft_plan(draft.blocks, lambda block: True)
+            if region and (span := region_target(block.text, output)[0])
+        )
         if output:
             outputs_so_far.append(output)
         page_id = f"{pair.document.relative_to(inputs)}:{pair.page_no}"
-        pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts))
+        pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts, blocks))
         log(f"{page_id}: {draft.backend} draft, {len(drafts)} blocks, {len(output)} output chars")
     return pages
 
@@ -65,7 +71,14 @@ def print_table(report: dict[str, Any], title: str) -> None:
     for name, arm in report["arms"].items():
         kinds = [f"{k['tau']:.2f} ({k['pages']})" for _, k in sorted(arm["kinds"].items())]
         table.add_row(name, str(arm["pages"]), str(arm["tokens"]), str(arm["forwards"]), f"{arm['tau']:.2f}", *kinds)
-    Console(stderr=True).print(table)
+    blocks = Table(title="blocks' drafts against their part of the output (a region pass's acceptance)")
+    for column in ("draft source / block kind", "blocks", "tokens", "forwards", "tau"):
+        blocks.add_column(column, justify="left" if column.startswith("draft") else "right")
+    for group, row in report["blocks"].items():
+        blocks.add_row(group, str(row["blocks"]), str(row["tokens"]), str(row["forwards"]), f"{row['tau']:.2f}")
+    console = Console(stderr=True)
+    console.print(table)
+    console.print(blocks)
 
 
 def acceptance(

@@ -104,6 +104,20 @@ class BenchPage:
     kind: str  # born-digital or scan
     output: str  # the published text
     drafts: tuple[str, ...]  # the page stage's drafts from hsd's draft pipeline
+    blocks: tuple[BenchBlock, ...] = ()  # the blocks a region pass could read, where the output has their part
+
+
+@dataclass(frozen=True)
+class BenchBlock:
+    """A block a region pass could read, with the part of the published output that is its
+    reading (as `hsd replay-model build` aligns crops): what a region output verifying the block's
+    drafts would be."""
+
+    source: str  # the draft backend that wrote its text
+    kind: str
+    confidence: float | None
+    drafts: tuple[str, ...]  # in the family's dialect, as the region stage drafts it
+    output: str
 
 
 def output_spans(output: str) -> list[str]:
@@ -133,10 +147,30 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"pages": len(rows), "tokens": tokens, "forwards": forwards, "tau": round(tokens / forwards, 3) if forwards else 0.0}
 
 
+def block_id(page: BenchPage, index: int) -> str:
+    return f"{page.id}#{index}"
+
+
+def block_groups(per_block: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Tau of the blocks' drafts against their part of the output, by draft source and block kind:
+    what the planner's acceptance estimate per block rests on (stages/planner.py)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for block in per_block:
+        groups.setdefault(f"{block['source']}/{block['kind']}", []).append(block)
+    return {
+        group: {k: v for k, v in totals(rows).items() if k != "pages"} | {"blocks": len(rows)}
+        for group, rows in sorted(groups.items())
+    }
+
+
 def run_acceptance(
     pages: Sequence[BenchPage], tokenizer: Any, stop_token_id: int, family_match: str, config: DecodeConfig
 ) -> dict[str, Any]:
-    answers = {page.id: tokenizer.encode(page.output, add_special_tokens=False) + [stop_token_id] for page in pages}
+    def answer(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False) + [stop_token_id]
+
+    answers = {page.id: answer(page.output) for page in pages}
+    answers |= {block_id(page, i): answer(block.output) for page in pages for i, block in enumerate(page.blocks)}
     target = OracleTarget(tokenizer, answers, [stop_token_id])
     per_page = []
     for page in pages:
@@ -145,7 +179,12 @@ def run_acceptance(
             drafts = output_spans(page.output) if arm == "spans" else page.drafts
             arms[arm] = step_counts(simulate(target, page.id, drafts, match or family_match, config))
         per_page.append({"page": page.id, "kind": page.kind, "arms": arms})
-    report: dict[str, Any] = {"arms": {}, "pages": per_page}
+    per_block = [
+        {"page": page.id, "source": block.source, "kind": block.kind, "confidence": block.confidence,
+         **step_counts(simulate(target, block_id(page, i), block.drafts, family_match, config))}
+        for page in pages for i, block in enumerate(page.blocks)
+    ]
+    report: dict[str, Any] = {"arms": {}, "pages": per_page, "blocks": block_groups(per_block), "per_block": per_block}
     for arm in ARMS:
         rows = [p["arms"][arm] for p in per_page]
         kinds = sorted({p["kind"] for p in per_page})

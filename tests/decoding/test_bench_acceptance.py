@@ -111,3 +111,8 @@ def test_bench_acceptance_reports_every_arm_by_page_kind(qwen_target, docs_dir, 
     assert page == report["arms"]["page-tokens"], "qwen2_5_vl matches drafts by tokens"
     assert page["forwards"] < page["tokens"] / 2, "the text-layer drafts are the page's own words"
     assert report["arms"]["spans"]["tau"] > page["tau"], "the output's own paragraphs are the ceiling"
+    blocks = report["blocks"]
+    assert sum(group["blocks"] for group in blocks.values()) == len(report["per_block"]) > 0
+    assert {group.split("/")[0] for group in blocks} == {"pdf-text", "ocr"}
+    text = blocks["pdf-text/text"]
+    assert text["tau"] > 10, "a text-layer paragraph is the output's own: whole draft chains accepted"
