@@ -21,8 +21,10 @@ class ImageMode(StrEnum):
 
 
 class Stages(StrEnum):
-    """How much of the hierarchy runs. auto: draft only without a model; with one, the page stage
-    plus region passes for the blocks whose pipeline draft is uncertain (OCR, tables, formulas).
+    """How much of the hierarchy runs. auto: draft only without a model; with one and a cost
+    profile, what the planner predicts fastest per page and block (stages/planner.py); without a
+    profile, the page stage plus region passes for the blocks whose pipeline draft is uncertain
+    (OCR, tables, formulas).
     packed: region passes on every block in the same forwards as the page stage, each region
     output drafting the page as soon as it ends."""
 

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from hsd_cli.stages.page import PageRead
     from hsd_cli.stages.vlm import VlmModel
 
+# Flag of a page whose draft stands in because the planner predicts the model would not read it in time.
+PREDICTED_TIMEOUT = "predicted_timeout"
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
 # (event name, payload) -> None; how the worker tells the parent about progress.
@@ -106,18 +108,20 @@ class VlmRead:
 
     settings: ModelSettings  # the dialect the drafts were written in
     regions: tuple[RegionResult, ...]
-    read: PageRead
+    read: PageRead | None  # None: the planner left the page to its draft (it would not finish in time)
     region_s: float  # 0 where no region pass ran
     page_s: float
     plan: PagePlan | None = None  # the planner's choice (`--stages auto` with a cost profile)
 
 
 def vlm_read(
-    image: PageImage, blocks: tuple[Block, ...], kind: str, model: VlmModel, stages: Stages, so_far: DocumentSoFar
+    image: PageImage, blocks: tuple[Block, ...], kind: str, model: VlmModel, stages: Stages, so_far: DocumentSoFar,
+    time_limit_s: float = 0.0,
 ) -> VlmRead:
     """The region stage where `stages` plans it, then the page stage verifying the region outputs
     and the other blocks' drafts (`packed`: both in the same forwards); drafts follow the dialect
-    of the document's model outputs so far. `auto` with a cost profile: the planner's choice."""
+    of the document's model outputs so far. `auto` with a cost profile: the planner's choice, for a
+    page that may take `time_limit_s` (0: no limit)."""
     # Imported here: a draft-only worker never imports torch and transformers.
     from hsd_cli.stages.packed import packed_stage
     from hsd_cli.stages.page import page_stage, plain_page_stage
@@ -127,17 +131,20 @@ def vlm_read(
     settings = settled(model.settings, so_far.outputs)
     started = time.perf_counter()
     plan = None
+    wants_region = region_planner(stages)
     if stages is Stages.AUTO and model.profile is not None:
-        plan = plan_page(model.profile, page_outlook(model, image, blocks, kind, so_far.tau))
+        plan = plan_page(model.profile, page_outlook(model, image, blocks, kind, so_far.tau, time_limit_s))
+        if plan.chosen == "draft":
+            return VlmRead(settings, (), None, 0.0, 0.0, plan)
         if plan.chosen == "plain":
             read = plain_page_stage(model, image.image, settings)
             return VlmRead(settings, (), read, 0.0, time.perf_counter() - started, plan)
-        stages = Stages(plan.chosen)
+        stages, wants_region = Stages(plan.chosen), plan.wants_region
     if stages is Stages.PACKED:
         # Region passes run inside the page stage's forwards: their seconds are the page's.
-        regions, read = packed_stage(model, image, blocks, region_planner(stages), settings)
+        regions, read = packed_stage(model, image, blocks, wants_region, settings)
         return VlmRead(settings, regions, read, 0.0, time.perf_counter() - started, plan)
-    regions = region_stage(model, image, blocks, region_planner(stages), settings)
+    regions = region_stage(model, image, blocks, wants_region, settings)
     regions_done = time.perf_counter()
     region_texts = {region.block_id: region.text for region in regions if region.text is not None}
     read = page_stage(model, image.image, page_drafts(blocks, settings, region_texts), settings)
@@ -147,14 +154,19 @@ def vlm_read(
 
 
 def vlm_stage(
-    drafted: PageResult, image: PageImage, model: VlmModel, stages: Stages, so_far: DocumentSoFar
+    drafted: PageResult, image: PageImage, model: VlmModel, stages: Stages, so_far: DocumentSoFar,
+    time_limit_s: float = 0.0,
 ) -> PageResult:
-    """The page's result from the VLM stages, with the --baseline reading where asked for."""
+    """The page's result from the VLM stages, with the --baseline reading where asked for; the
+    draft, flagged, where the planner predicts the page would not finish within `time_limit_s`."""
     from hsd_cli.stages.page import baseline_check
     from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
 
-    done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, stages, so_far)
+    done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, stages, so_far, time_limit_s)
     read = done.read
+    if read is None:
+        predicted = min(done.plan.predicted_s.values()) if done.plan else 0.0
+        return replace(drafted, flags=("fallback", PREDICTED_TIMEOUT), timings=drafted.timings | {"predicted_s": predicted})
     baseline_started = time.perf_counter()
     baseline = baseline_check(model, read) if model.options.baseline else None
     seconds = StageSeconds(
@@ -238,9 +250,16 @@ def _convert_page(
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
         debug_fault(task.doc, page_no, "vlm")
-        decoded, error = _with_retries(lambda: vlm_stage(result, image, vlm, task.config.stages, so_far))
+        decoded, error = _with_retries(
+            lambda: vlm_stage(result, image, vlm, task.config.stages, so_far, task.page_timeout)
+        )
         if decoded is None:
             warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
+        elif PREDICTED_TIMEOUT in decoded.flags:
+            warnings.append(
+                f"page {page_no}: the model would take about {decoded.timings['predicted_s']:.0f} s, far over "
+                f"--page-timeout {task.page_timeout:g} s; draft used (to read it, rerun with a larger --page-timeout and --overwrite)"
+            )
         elif OUTSIDE_REPLAY_SET in decoded.flags:
             warnings.append(
                 f"page {page_no}: the replay model was not built on this page; its output recites "

@@ -252,6 +252,7 @@ class BatchRun:
             sha256=sha256,
             checkpoint_dir=checkpoints,
             max_page_error_rate=self.run.max_page_error_rate,
+            page_timeout=self.run.page_timeout,
         )
         self.events.emit("doc_started", input=str(doc.path))
         outcome = pool.convert(task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
     from hsd_cli.decoding.stats import DecodeStats
+    from hsd_cli.records import Block
 
 
 def counts_json(stats: DecodeStats) -> dict[str, Any]:
@@ -79,10 +80,17 @@ class PagePlan:
 
     chosen: str
     tau: float  # the acceptance the prediction assumed
-    predicted_s: dict[str, float]  # every plan's predicted seconds
+    predicted_s: dict[str, float]  # every plan's predicted seconds (with its best region set)
+    regions: tuple[str, ...] = ()  # the blocks the chosen plan gives a region pass
+
+    def wants_region(self, block: Block) -> bool:
+        return block.id in self.regions
 
     def as_json(self) -> dict[str, object]:
-        return {"chosen": self.chosen, "tau": round(self.tau, 3), "predicted_s": {k: round(v, 3) for k, v in self.predicted_s.items()}}
+        return {
+            "chosen": self.chosen, "tau": round(self.tau, 3), "regions": list(self.regions),
+            "predicted_s": {k: round(v, 3) for k, v in self.predicted_s.items()},
+        }
 
 
 @dataclass(frozen=True)

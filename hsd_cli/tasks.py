@@ -32,6 +32,7 @@ class DocumentTask:
     sha256: str
     checkpoint_dir: Path
     max_page_error_rate: float = 0.2
+    page_timeout: float = 0.0  # seconds a page may take (0: none); the planner leaves a page it predicts far over to its draft
     lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
 
 

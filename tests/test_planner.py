@@ -3,42 +3,98 @@ plain decoding, the page stage or packed decoding, whichever it predicts fastest
 lossless and recorded in the page's JSON."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
-from hsd_cli.stages.planner import TAU_PRIOR, PageOutlook, expected_tau, plan_page
+from hsd_cli.stages.planner import (
+    PREDICTION_SLACK, REGION_TAU, TAU_PRIOR, BlockOutlook, PageOutlook, expected_tau, plan_page,
+)
 
 
 def profile(cost, prefill=(0.05, 0.2)) -> Profile:
-    """A profile whose forward costs `cost(rows, nodes)` seconds at any context, and whose page
-    prefill costs `prefill` seconds for a 256- and a 2048-pixel picture."""
+    """A profile whose forward costs `cost(rows, nodes, context)` seconds, and whose prefill costs
+    `prefill` seconds for a 256- and a 2048-pixel picture (200 and 1400 tokens)."""
     forwards = tuple(
-        ForwardCost(rows, nodes, context, cost(rows, nodes)) for rows in (1, 8) for nodes in (1, 64) for context in (256, 4096)
+        ForwardCost(rows, nodes, context, cost(rows, nodes, context))
+        for rows in (1, 8) for nodes in (1, 64) for context in (256, 4096)
     )
     prefills = (PrefillCost(256, 200, prefill[0]), PrefillCost(2048, 1400, prefill[1]))
     return Profile("hand-made", "test", "cpu", "float32", "measured", forwards, prefills)
 
 
-CPU_LIKE = profile(lambda rows, nodes: 0.03 * (1 + rows * nodes / 16))  # every node costs compute
+CPU_LIKE = profile(lambda rows, nodes, context: 0.03 * (1 + rows * nodes / 16))  # every node costs compute
 # Memory-bound: nodes and rows nearly free, a small picture's prefill about one forward.
-GPU_LIKE = profile(lambda rows, nodes: 0.01 * (1 + rows * nodes / 2048), prefill=(0.012, 0.05))
+GPU_LIKE = profile(lambda rows, nodes, context: 0.01 * (1 + rows * nodes / 2048), prefill=(0.012, 0.05))
+# Attention over the context dominates: a crop's forward is far cheaper than the page's.
+CONTEXT_DEAR = profile(lambda rows, nodes, context: 0.004 * context / 256, prefill=(0.001, 0.05))
 
 
-def outlook(kind="born_digital", tokens=800, crops=6, earlier_tau=()):
-    return PageOutlook(kind=kind, expected_tokens=tokens, crops=crops, picture_side=1600, earlier_tau=earlier_tau)
+def block(tokens, name="b", crop_side=300, kind="text"):
+    return BlockOutlook(name, kind, tokens, crop_side)
+
+
+def outlook(kind="born_digital", tokens=800, crops=6, earlier_tau=(), blocks=None):
+    """A page of `crops` blocks with crops (and one without, where crops=0) sharing `tokens`."""
+    if blocks is None:
+        count = max(crops, 1)
+        blocks = tuple(block(tokens // count, f"b{i}", crop_side=300 if crops else 0) for i in range(count))
+    return PageOutlook(kind=kind, blocks=blocks, picture_side=1600, earlier_tau=earlier_tau)
 
 
 def test_where_nodes_cost_compute_good_drafts_go_to_the_page_stage_and_poor_ones_to_plain_decoding():
-    assert plan_page(CPU_LIKE, outlook()).chosen == "page"
+    page = plan_page(CPU_LIKE, outlook())
+    assert page.chosen == "page" and page.regions == ()
     poor = plan_page(CPU_LIKE, outlook(kind="scan", earlier_tau=(1.1, 1.2, 1.0)))
     assert poor.chosen == "plain" and poor.predicted_s["plain"] < poor.predicted_s["page"] < poor.predicted_s["packed"]
 
 
-def test_where_rows_are_nearly_free_the_crops_ride_along_packed():
-    assert plan_page(GPU_LIKE, outlook()).chosen == "packed"
-    assert plan_page(GPU_LIKE, outlook(crops=0)).chosen == "page", "nothing to pack"
-    assert "packed" not in plan_page(GPU_LIKE, outlook(crops=0)).predicted_s
+def test_where_rows_are_nearly_free_region_passes_pay():
+    plan = plan_page(GPU_LIKE, outlook())
+    assert plan.chosen in ("region-page", "packed") and plan.regions == tuple(f"b{i}" for i in range(6))
+    assert max(plan.predicted_s["region-page"], plan.predicted_s["packed"]) < plan.predicted_s["page"]
+    assert plan_page(GPU_LIKE, outlook(crops=0)).chosen == "page", "no crop to read"
+    assert not {"packed", "region-page"} & set(plan_page(GPU_LIKE, outlook(crops=0)).predicted_s)
+
+
+def test_a_long_block_rides_along_packed_where_reading_it_first_would_hold_the_page_up():
+    plan = plan_page(GPU_LIKE, outlook(blocks=(block(800, "only"),)))
+    assert plan.chosen == "packed" and plan.regions == ("only",)
+    assert plan.predicted_s["region-page"] > plan.predicted_s["page"], "its region pass alone takes as long as the page"
+
+
+def test_where_the_page_context_makes_forwards_dear_the_crops_are_read_first():
+    plan = plan_page(CONTEXT_DEAR, outlook(crops=8))
+    assert plan.chosen == "region-page" and len(plan.regions) == 8
+    assert plan.predicted_s["region-page"] < min(plan.predicted_s[name] for name in ("page", "packed", "plain"))
+
+
+def test_a_region_pass_goes_to_the_blocks_whose_reading_saves_more_than_their_crop_costs():
+    blocks = (block(600, "long"), block(3, "short"), block(400, "no-crop", crop_side=0), block(200, "mid"))
+    plan = plan_page(GPU_LIKE, outlook(blocks=blocks))
+    assert plan.regions == ("long", "mid"), "ordered by page steps saved; the short block is not worth a prefill"
+    assert plan_page(CPU_LIKE, outlook(blocks=blocks)).regions == ()
+
+
+def test_blocks_of_a_kind_that_drafts_poorly_are_read_first():
+    plan = plan_page(GPU_LIKE, outlook(kind="scan", blocks=(block(300, "text"), block(300, "table", kind="table"))))
+    assert plan.regions[0] == "table", "an OCR'd table drafts at about half a paragraph's acceptance"
+    born = plan_page(GPU_LIKE, outlook(blocks=(block(300, "text"), block(300, "table", kind="table"))))
+    assert born.regions[0] == "text", "a text-layer table drafts better than its paragraphs"
+
+
+def test_a_block_whose_drafts_already_reach_the_region_outputs_acceptance_gets_no_region_pass():
+    plan = plan_page(GPU_LIKE, outlook(earlier_tau=(REGION_TAU["born_digital"] * 2,) * 5))
+    assert plan.regions == () and plan.chosen == "page"
+
+
+def test_a_page_predicted_far_over_its_time_limit_is_left_to_its_draft():
+    fastest = min(plan_page(CPU_LIKE, outlook()).predicted_s.values())
+    over = plan_page(CPU_LIKE, replace(outlook(), time_limit_s=fastest / PREDICTION_SLACK * 0.9))
+    assert over.chosen == "draft" and over.regions == () and min(over.predicted_s.values()) == fastest
+    within = plan_page(CPU_LIKE, replace(outlook(), time_limit_s=fastest / PREDICTION_SLACK * 1.1))
+    assert within.chosen == "page", "a prediction may be this many times over: the page may still finish"
 
 
 def test_the_acceptance_estimate_starts_at_the_prior_and_follows_the_document():
@@ -47,11 +103,10 @@ def test_the_acceptance_estimate_starts_at_the_prior_and_follows_the_document():
     assert plan_page(CPU_LIKE, outlook(earlier_tau=(9.0,))).tau > TAU_PRIOR["born_digital"]
 
 
-FREE_ROWS = profile(lambda rows, nodes: 0.01, prefill=(0.001, 0.05))  # wider forwards cost nothing more
-NODES_DEAR = profile(lambda rows, nodes: 0.03 * rows * nodes)  # a forward costs each of its nodes
+NODES_DEAR = profile(lambda rows, nodes, context: 0.03 * rows * nodes)  # a forward costs each of its nodes
 
 
-@pytest.mark.parametrize(("cost", "chosen"), [(CPU_LIKE, "page"), (FREE_ROWS, "packed"), (NODES_DEAR, "plain")])
+@pytest.mark.parametrize(("cost", "chosen"), [(CPU_LIKE, "page"), (GPU_LIKE, "packed"), (NODES_DEAR, "plain"), (CONTEXT_DEAR, "region-page")])
 def test_convert_auto_plans_each_page_and_stays_lossless(cost, chosen, tmp_path, docs_dir):
     from hsd_cli.models.tiny import build_tiny_random
     from tests.conftest import run_hsd
@@ -67,7 +122,27 @@ def test_convert_auto_plans_each_page_and_stays_lossless(cost, chosen, tmp_path,
     page = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]
     assert page["stats"]["plan"]["chosen"] == chosen and set(page["stats"]["plan"]["predicted_s"]) >= {"plain", "page"}
     assert page["stats"]["baseline"]["identical"] and page["text_source"] == "model"
-    assert ("regions" in page["stats"]) == (chosen == "packed")
+    plan = page["stats"]["plan"]
+    assert page["stats"].get("regions", {}).get("count", 0) == len(plan["regions"]), "the planned blocks were read"
+    assert bool(plan["regions"]) == (chosen in ("packed", "region-page"))
+
+
+def test_convert_leaves_a_page_the_model_would_not_read_in_time_to_its_draft_at_once(tmp_path, docs_dir):
+    from hsd_cli.models.tiny import build_tiny_random
+    from tests.conftest import run_hsd
+
+    model = build_tiny_random("qwen2_5_vl", tmp_path / "tiny")
+    profile_file = tmp_path / "profile.json"
+    profile_file.write_text(json.dumps(profile(lambda rows, nodes, context: 60.0).to_json()))  # a minute a forward
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", model, "--pages", "1",
+        "--profile", profile_file, "--page-timeout", "20", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["documents"][0]["status"] == "degraded"
+    assert "page 1: the model would take about" in result.stderr and "--page-timeout 20 s" in result.stderr
+    page = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]
+    assert page["flags"] == ["fallback", "predicted_timeout"] and page["text_source"] == "draft"
 
 
 def test_a_profile_that_cannot_be_read_ends_the_run_before_any_work(tmp_path, docs_dir):

@@ -1,21 +1,26 @@
 """The planner (`--stages auto` with a model and a cost profile): per page, the way of decoding it
-that the profile predicts fastest. Every plan gives the same output (each is lossless): the plan
-changes only the seconds.
+that the profile predicts fastest, and per block whether a region pass pays. Every plan that reads
+the page gives the same output (each is lossless): the plan changes only the seconds.
 
 Plans: `plain` (transformers' generate, one forward per token: where drafts would not pay for the
-wider forwards), `page` (the page stage verifying the pipeline's drafts) and `packed` (region
-passes in the page stage's forwards: where extra rows are nearly free, as on a GPU).
+wider forwards), `page` (the page stage verifying the pipeline's drafts), `region-page` (region
+passes over some blocks' crops, batched, then the page stage verifying their outputs) and
+`packed` (those region passes in the page stage's forwards: where extra rows are nearly free, as
+on a GPU). `draft` where even the fastest would not finish within the page's time limit: the
+draft stands in, as it would when the limit ended the reading, without the wait.
 
-    seconds(plan) = prefill + steps * forward_s(rows, nodes, context)
-    plain:  steps = N,                 rows 1,          nodes 1
-    page:   steps = N / tau,           rows 1,          nodes WIDTH
-    packed: steps = N / (tau * GAIN),  rows 1 + k / 2,  nodes WIDTH   (+ k crop prefills)
+    seconds(plan) = prefill + region passes + page steps * forward_s(rows, WIDTH, context)
+    page steps    = sum over blocks of n_b / tau_b      (plain: N steps of one node)
+    region-page:  a block b in the region set R drafts the page at REGION_TAU instead of tau_b;
+                  its crop costs a prefill and n_b / tau_b steps in batches of REGION_BATCH rows
+    packed:       b in R drafts the page at tau_b * PACKED_GAIN (its output comes mid-page); its
+                  row rides along in the page's forwards for its n_b / tau_b steps
 
-N: tokens expected (the drafts' length), k: the crops, tau: the page's expected acceptance (a
-prior by draft source, moved towards the tau observed on the document's earlier pages).
-Measured on this project's corpus, the text layer drafts a page to tau 5.4 and OCR to 2.4 (Qwen2
-tokens, olmOCR outputs); region outputs drafting the page raise it by about a fifth (packed
-arm, `hsd bench pipeline`).
+n_b: the block draft's tokens; tau_b: the acceptance of its draft (the page's prior by draft
+source, moved towards the tau observed on the document's earlier pages, times the block kind's
+measured factor). R is the blocks that save the most page steps, as many as the profile says pay.
+OCR confidence is not used: on the same pages blocks above 0.95 draft alike in every band (tau
+3.1 to 3.7, 83 blocks), and the two below 0.9 (tau 1.2) are too few to set a rule by.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hsd_cli.config import Stages
 from hsd_cli.profiles import Profile
 from hsd_cli.records import Block, PageImage
 from hsd_cli.stages.dialect import draft_plan
@@ -34,10 +38,27 @@ from hsd_cli.stats import PagePlan
 if TYPE_CHECKING:
     from hsd_cli.stages.vlm import VlmModel
 
+# Measured on this project's corpus (Qwen2 tokens, olmOCR outputs, `hsd bench pipeline`): the text
+# layer drafts a page to tau 5.4 and OCR to 2.4; with every block's region output among the
+# drafts, to 8.9 and 6.0 (region-page arm); packed, whose region outputs arrive mid-page, 1.2x.
 TAU_PRIOR = {"born_digital": 4.5, "scan": 2.0}  # a little under the measured 5.4 and 2.4
+REGION_TAU = {"born_digital": 8.0, "scan": 5.5}  # a little under the measured 8.9 and 6.0
+PACKED_GAIN = 1.2
 PRIOR_WEIGHT = 1.0  # the prior counts as this many observed pages
 WIDTH = 24  # tree nodes a step verifies, typically (chains up to 33, tries shrink while they fail)
-PACKED_GAIN = 1.2  # tau with region outputs among the page's drafts, against without
+# The most a page's seconds were over-predicted (5.6x, docs/BENCHMARKS.md): a page predicted to
+# take this many times its time limit would not finish within it, so its draft stands in at once
+# rather than when the limit kills its worker.
+PREDICTION_SLACK = 6.0
+# A block kind's draft acceptance against all blocks of its draft source: `hsd bench acceptance`'s
+# "blocks" on olmOCR-Bench's sample and OmniDocBench's demo pages (Qwen2 tokens; 117 text-layer
+# blocks at tau 7.6, 129 OCR'd at 3.1), kinds with at least 2 blocks and 200 tokens; others 1.
+# Text-layer tables draft well (HTML from the layer's cells), OCR'd ones poorly (no structure);
+# headings are short, and a block's first token is never drafted.
+KIND_FACTOR = {
+    "born_digital": {"text": 0.95, "list": 0.87, "section_header": 0.44, "table": 1.43},
+    "scan": {"text": 1.20, "list": 1.34, "section_header": 1.06, "table": 0.55},
+}
 
 
 def page_kind(draft_backend: str) -> str:
@@ -46,14 +67,28 @@ def page_kind(draft_backend: str) -> str:
 
 
 @dataclass(frozen=True)
+class BlockOutlook:
+    """What the planner knows of a block that drafts the page."""
+
+    id: str
+    kind: str
+    tokens: int  # its draft's length in the model's tokens
+    crop_side: int  # its crop's longer side in pixels; 0 where it gets no region pass (no crop, a figure)
+
+
+@dataclass(frozen=True)
 class PageOutlook:
     """What the planner knows of a page before decoding it."""
 
     kind: str  # "born_digital" (drafted from the text layer) or "scan" (from OCR)
-    expected_tokens: int
-    crops: int  # blocks a packed pass would read
+    blocks: tuple[BlockOutlook, ...]
     picture_side: int  # the page picture's longer side, in pixels
     earlier_tau: tuple[float, ...] = ()  # the page stage's tau on the document's earlier pages of this kind
+    time_limit_s: float = 0.0  # the seconds the page may take (--page-timeout); 0: no limit
+
+    @property
+    def tokens(self) -> int:
+        return max(1, sum(block.tokens for block in self.blocks))
 
 
 def expected_tau(outlook: PageOutlook) -> float:
@@ -62,36 +97,108 @@ def expected_tau(outlook: PageOutlook) -> float:
     return (prior * PRIOR_WEIGHT + sum(seen)) / (PRIOR_WEIGHT + len(seen))
 
 
+@dataclass(frozen=True)
+class _Costs:
+    """The profile's prices for one page."""
+
+    profile: Profile
+    outlook: PageOutlook
+    tau: float
+
+    def block_tau(self, block: BlockOutlook) -> float:
+        return max(1.0, self.tau * KIND_FACTOR[self.outlook.kind].get(block.kind, 1.0))
+
+    def draft_steps(self, block: BlockOutlook) -> float:
+        return block.tokens / self.block_tau(block)
+
+    @property
+    def page_prefill(self) -> float:
+        return self.profile.prefill_s(self.outlook.picture_side)
+
+    @property
+    def page_context(self) -> int:
+        return self.profile.prefill_tokens(self.outlook.picture_side) + self.outlook.tokens // 2
+
+    def crop_prefills(self, regions: Sequence[BlockOutlook]) -> float:
+        return sum(self.profile.prefill_s(block.crop_side) for block in regions)
+
+    def page_steps(self, regions: Sequence[BlockOutlook], region_tau: float | None) -> float:
+        """Page-stage steps with `regions`' outputs among the drafts (None: packed's gain)."""
+        chosen = {block.id for block in regions}
+
+        def steps(block: BlockOutlook) -> float:
+            if block.id not in chosen:
+                return self.draft_steps(block)
+            return block.tokens / (region_tau or self.block_tau(block) * PACKED_GAIN)
+
+        return max(1.0, sum(steps(block) for block in self.outlook.blocks))
+
+    def plain(self) -> float:
+        return self.page_prefill + self.outlook.tokens * self.profile.forward_s(1, 1, self.page_context)
+
+    def region_page(self, regions: Sequence[BlockOutlook]) -> float:
+        from hsd_cli.stages.region import REGION_BATCH
+
+        region_s = self.crop_prefills(regions)
+        for start in range(0, len(regions), REGION_BATCH):
+            batch = regions[start : start + REGION_BATCH]
+            context = max(self.profile.prefill_tokens(b.crop_side) + b.tokens // 2 for b in batch)
+            region_s += max(self.draft_steps(b) for b in batch) * self.profile.forward_s(len(batch), WIDTH, context)
+        steps = self.page_steps(regions, REGION_TAU[self.outlook.kind])
+        return self.page_prefill + region_s + steps * self.profile.forward_s(1, WIDTH, self.page_context)
+
+    def packed(self, regions: Sequence[BlockOutlook]) -> float:
+        steps = self.page_steps(regions, None)
+        # A region row leaves the batch when its block is read: the rows a page step carries, on average.
+        rows = 1 + sum(min(self.draft_steps(block), steps) for block in regions) / steps
+        return self.page_prefill + self.crop_prefills(regions) + steps * self.profile.forward_s(rows, WIDTH, self.page_context)
+
+
 def plan_page(profile: Profile, outlook: PageOutlook) -> PagePlan:
+    """The plan predicted fastest, with each plan's best prediction: region passes go to the blocks
+    whose outputs would save the most page steps, as many as the prediction says pay."""
+    from hsd_cli.stages.packed import PACKED_REGIONS
+
     tau = expected_tau(outlook)
-    tokens = max(1, outlook.expected_tokens)
-    page_prefill, crop_prefill = profile.prefill_s(outlook.picture_side), profile.prefill_s(0)
-    context = profile.prefill_tokens(outlook.picture_side) + tokens // 2
-    predicted = {
-        "plain": page_prefill + tokens * profile.forward_s(1, 1, context),
-        "page": page_prefill + tokens / tau * profile.forward_s(1, WIDTH, context),
-    }
-    if outlook.crops:
-        rows = 1 + outlook.crops / 2  # region rows end early and leave the batch
-        steps = tokens / (tau * PACKED_GAIN)
-        predicted["packed"] = page_prefill + outlook.crops * crop_prefill + steps * profile.forward_s(rows, WIDTH, context)
-    return PagePlan(chosen=min(predicted, key=predicted.get), tau=tau, predicted_s=predicted)
+    costs = _Costs(profile, outlook, tau)
+    region_tau = REGION_TAU[outlook.kind]
+    candidates = sorted(
+        (block for block in outlook.blocks if block.crop_side and costs.block_tau(block) < region_tau),
+        key=lambda block: block.tokens / costs.block_tau(block) - block.tokens / region_tau,
+        reverse=True,
+    )
+    options: dict[str, tuple[float, tuple[BlockOutlook, ...]]] = {"plain": (costs.plain(), ()), "page": (costs.region_page(()), ())}
+    for name, seconds, limit in (("region-page", costs.region_page, len(candidates)), ("packed", costs.packed, PACKED_REGIONS)):
+        prefixes = [tuple(candidates[:count]) for count in range(1, min(limit, len(candidates)) + 1)]
+        if prefixes:
+            options[name] = min(((seconds(regions), regions) for regions in prefixes), key=lambda option: option[0])
+    chosen = min(options, key=lambda name: options[name][0])
+    predicted = {name: seconds for name, (seconds, _) in options.items()}
+    if outlook.time_limit_s and predicted[chosen] > PREDICTION_SLACK * outlook.time_limit_s:
+        return PagePlan(chosen="draft", tau=tau, predicted_s=predicted)
+    return PagePlan(chosen=chosen, tau=tau, predicted_s=predicted, regions=tuple(block.id for block in options[chosen][1]))
 
 
 def page_outlook(
-    model: VlmModel, image: PageImage, blocks: tuple[Block, ...], kind: str, earlier_tau: Sequence[tuple[str, float]]
+    model: VlmModel, image: PageImage, blocks: tuple[Block, ...], kind: str, earlier_tau: Sequence[tuple[str, float]],
+    time_limit_s: float = 0.0,
 ) -> PageOutlook:
-    """The planner's view of a page: the drafts' length in the model's tokens, the crops a packed
-    pass would read, the picture's size, and the tau of the document's earlier pages of its kind."""
-    from hsd_cli.stages.packed import PACKED_REGIONS
-    from hsd_cli.stages.region import region_planner
+    """The planner's view of a page: each drafting block's length in the model's tokens and the
+    side of its crop, the picture's size, the tau of the document's earlier pages of its kind, and
+    its time limit."""
+    from hsd_cli.stages.rasterize import crop_block
 
-    text = "\n\n".join(block.text for block, _ in draft_plan(blocks, lambda block: False))
-    crops = sum(region for _, region in draft_plan(blocks, region_planner(Stages.PACKED)))
+    def crop_side(block: Block, region: bool) -> int:
+        crop = crop_block(image, block.bbox, model.settings.region_padding_px) if region else None
+        return max(crop.size) if crop is not None else 0
+
     return PageOutlook(
         kind=kind,
-        expected_tokens=len(model.target.encode(text)) if text else 0,
-        crops=min(crops, PACKED_REGIONS),
+        blocks=tuple(
+            BlockOutlook(block.id, block.kind.value, len(model.target.encode(block.text)), crop_side(block, region))
+            for block, region in draft_plan(blocks, lambda block: True)
+        ),
         picture_side=max(image.image.size),
         earlier_tau=tuple(tau for seen_kind, tau in earlier_tau if seen_kind == kind),
+        time_limit_s=time_limit_s,
     )
