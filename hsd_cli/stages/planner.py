@@ -9,7 +9,7 @@ passes over some blocks' crops, batched, then the page stage verifying their out
 on a GPU). `draft` where even the fastest would not finish within the page's time limit: the
 draft stands in, as it would when the limit ended the reading, without the wait.
 
-    seconds(plan) = prefill + region passes + page steps * forward_s(rows, WIDTH, context)
+    seconds(plan) = prefill + region passes + page steps * forward_s(rows, NODES_PER_STEP, context)
     page steps    = sum over blocks of n_b / tau_b      (plain: N steps of one node)
     region-page:  a block b in the region set R drafts the page at REGION_TAU instead of tau_b;
                   its crop costs a prefill and n_b / tau_b steps in batches of REGION_BATCH rows
@@ -45,7 +45,10 @@ TAU_PRIOR = {"born_digital": 4.5, "scan": 2.0}  # a little under the measured 5.
 REGION_TAU = {"born_digital": 8.0, "scan": 5.5}  # a little under the measured 8.9 and 6.0
 PACKED_GAIN = 1.2
 PRIOR_WEIGHT = 1.0  # the prior counts as this many observed pages
-WIDTH = 24  # tree nodes a step verifies, typically (chains up to 33, tries shrink while they fail)
+# Tree nodes a step verifies (chains up to 33; tries shrink while they fail): measured, weighted by
+# tokens, by `hsd bench acceptance` (`nodes_per_step` of the page arm) on the same pages: 20.8 on
+# text-layer drafts, 11.4 and 14.6 on OCR drafts (OmniDocBench, olmOCR-Bench scans).
+NODES_PER_STEP = {"born_digital": 21, "scan": 12}
 # The most a page's seconds were over-predicted (5.6x, docs/BENCHMARKS.md): a page predicted to
 # take this many times its time limit would not finish within it, so its draft stands in at once
 # rather than when the limit kills its worker.
@@ -112,6 +115,10 @@ class _Costs:
         return block.tokens / self.block_tau(block)
 
     @property
+    def nodes(self) -> int:
+        return NODES_PER_STEP[self.outlook.kind]
+
+    @property
     def page_prefill(self) -> float:
         return self.profile.prefill_s(self.outlook.picture_side)
 
@@ -143,15 +150,15 @@ class _Costs:
         for start in range(0, len(regions), REGION_BATCH):
             batch = regions[start : start + REGION_BATCH]
             context = max(self.profile.prefill_tokens(b.crop_side) + b.tokens // 2 for b in batch)
-            region_s += max(self.draft_steps(b) for b in batch) * self.profile.forward_s(len(batch), WIDTH, context)
+            region_s += max(self.draft_steps(b) for b in batch) * self.profile.forward_s(len(batch), self.nodes, context)
         steps = self.page_steps(regions, REGION_TAU[self.outlook.kind])
-        return self.page_prefill + region_s + steps * self.profile.forward_s(1, WIDTH, self.page_context)
+        return self.page_prefill + region_s + steps * self.profile.forward_s(1, self.nodes, self.page_context)
 
     def packed(self, regions: Sequence[BlockOutlook]) -> float:
         steps = self.page_steps(regions, None)
         # A region row leaves the batch when its block is read: the rows a page step carries, on average.
         rows = 1 + sum(min(self.draft_steps(block), steps) for block in regions) / steps
-        return self.page_prefill + self.crop_prefills(regions) + steps * self.profile.forward_s(rows, WIDTH, self.page_context)
+        return self.page_prefill + self.crop_prefills(regions) + steps * self.profile.forward_s(rows, self.nodes, self.page_context)
 
 
 def plan_page(profile: Profile, outlook: PageOutlook) -> PagePlan:
