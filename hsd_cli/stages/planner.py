@@ -39,8 +39,10 @@ if TYPE_CHECKING:
     from hsd_cli.stages.vlm import VlmModel
 
 # Measured on this project's corpus (Qwen2 tokens, olmOCR outputs, `hsd bench pipeline`): the text
-# layer drafts a page to tau 5.4 and OCR to 2.4; with every block's region output among the
-# drafts, to 8.9 and 6.0 (region-page arm); packed, whose region outputs arrive mid-page, 1.2x.
+# layer drafts a page to tau 5.4 and OCR to 2.4 (OmniDocBench's OCR'd pages: 1.9); with every
+# block's region output among the drafts, to 8.9 and 6.0 (region-page arm; OmniDocBench 2.65,
+# where fewer of the output's tokens fall in a block's crop); packed, whose region outputs arrive
+# mid-page, 1.2x.
 TAU_PRIOR = {"born_digital": 4.5, "scan": 2.0}  # a little under the measured 5.4 and 2.4
 REGION_TAU = {"born_digital": 8.0, "scan": 5.5}  # a little under the measured 8.9 and 6.0
 PACKED_GAIN = 1.2
