@@ -165,7 +165,7 @@ def vlm_stage(
     done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, stages, so_far, time_limit_s)
     read = done.read
     if read is None:
-        predicted = min(done.plan.predicted_s.values()) if done.plan else 0.0
+        predicted = min(done.plan.predicted_s.values())  # only a plan leaves a page unread
         return replace(drafted, flags=("fallback", PREDICTED_TIMEOUT), timings=drafted.timings | {"predicted_s": predicted})
     baseline_started = time.perf_counter()
     baseline = baseline_check(model, read) if model.options.baseline else None

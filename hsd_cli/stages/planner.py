@@ -195,11 +195,11 @@ def page_outlook(
     """The planner's view of a page: each drafting block's length in the model's tokens and the
     side of its crop, the picture's size, the tau of the document's earlier pages of its kind, and
     its time limit."""
-    from hsd_cli.stages.rasterize import crop_block
+    from hsd_cli.stages.rasterize import crop_box
 
     def crop_side(block: Block, region: bool) -> int:
-        crop = crop_block(image, block.bbox, model.settings.region_padding_px) if region else None
-        return max(crop.size) if crop is not None else 0
+        box = crop_box(image, block.bbox, model.settings.region_padding_px) if region else None
+        return max(box[2] - box[0], box[3] - box[1]) if box is not None else 0
 
     return PageOutlook(
         kind=kind,

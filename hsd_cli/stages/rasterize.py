@@ -153,12 +153,18 @@ def render_page(page: pymupdf.Page, dpi: int, max_pixels: int) -> PageImage:
     return PageImage(page_no=page.number + 1, image=image, scale=scale, size_pt=size_pt)
 
 
-def crop_block(image: PageImage, bbox: tuple[float, float, float, float], pad: int) -> Image.Image | None:
-    """The pixels of a block (bbox in points) with `pad` pixels around it; None when too small.
-    The region stage and the replay-model builder both crop here, so their crops are identical."""
+def crop_box(image: PageImage, bbox: tuple[float, float, float, float], pad: int) -> tuple[int, int, int, int] | None:
+    """The pixel box of a block (bbox in points) with `pad` pixels around it; None when too small."""
     x0, y0, x1, y1 = (v * image.scale for v in bbox)
     box = (max(0, round(x0) - pad), max(0, round(y0) - pad),
            min(image.image.width, round(x1) + pad), min(image.image.height, round(y1) + pad))
     if box[2] - box[0] < 8 or box[3] - box[1] < 8:
         return None
-    return image.image.crop(box)
+    return box
+
+
+def crop_block(image: PageImage, bbox: tuple[float, float, float, float], pad: int) -> Image.Image | None:
+    """The pixels of a block's `crop_box`. The region stage and the replay-model builder both crop
+    here, so their crops are identical."""
+    box = crop_box(image, bbox, pad)
+    return image.image.crop(box) if box is not None else None
