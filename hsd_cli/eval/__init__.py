@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from hsd_cli.config import DraftBackendName, Stages
-from hsd_cli.eval.errors import EvalInputError, missing_dependency
-from hsd_cli.eval.math_render import MathRender
+from hsd_cli.eval.errors import EvalEnvironmentError, EvalInputError, missing_dependency
+from hsd_cli.eval.math_render import MathMode, MathRender, choose_math_mode
 
 eval_app = typer.Typer(
     name="eval",
@@ -30,6 +30,7 @@ eval_app = typer.Typer(
 )
 
 USAGE_EXIT = 2
+ENVIRONMENT_EXIT = 4  # as hsd convert's ExitCode.ENVIRONMENT: this machine cannot do the job
 
 OutputsArg = Annotated[Path, typer.Argument(help="Output directory of hsd convert (or olmOCR-style *_pgN_repeatM.md).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON report object on stdout.")]
@@ -40,13 +41,13 @@ DraftOpt = Annotated[DraftBackendName, typer.Option("--draft", help="With --conv
 
 
 def _run(scorer: Callable[[Console], dict[str, Any]], json_output: bool, show: Callable[[Console, dict], None]) -> None:
-    """Shared shell of the commands: bad input is one line and exit 2, never a traceback."""
+    """Shared shell of the commands: an error is one line and exit 2 or 4, never a traceback."""
     console = Console(stderr=True)
     try:
         report = scorer(console)
-    except EvalInputError as exc:
+    except (EvalInputError, EvalEnvironmentError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(USAGE_EXIT) from None
+        raise typer.Exit(ENVIRONMENT_EXIT if isinstance(exc, EvalEnvironmentError) else USAGE_EXIT) from None
     show(console, report)
     if json_output:
         sys.stdout.write(json.dumps(report, ensure_ascii=False) + "\n")
@@ -75,8 +76,12 @@ def olmocr_bench_command(
         Path | None, typer.Option("--pdfs", help="The benchmark's pdfs/ folder: every PDF gets a baseline test.")
     ] = None,
     math_render: Annotated[
-        MathRender, typer.Option("--math-render", help="Math tests: KaTeX in Chromium, or exact LaTeX match only.")
+        MathRender,
+        typer.Option("--math-render", help="Math tests: KaTeX in Chromium when found, or off; else they are unscored."),
     ] = MathRender.AUTO,
+    require_math_render: Annotated[
+        bool, typer.Option("--require-math-render", help="Fail (exit 4) rather than leave math tests unscored.")
+    ] = False,
     baseline: Annotated[bool, typer.Option(help="Add olmOCR's baseline test for every PDF without one.")] = True,
     bootstrap_samples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples for the 95% interval.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
@@ -88,11 +93,11 @@ def olmocr_bench_command(
 ) -> None:
     """Run olmOCR-Bench unit tests on each page's Markdown with olmocr's own scorer."""
     import hsd_cli.eval.olmocr_bench as bench
-    from hsd_cli.eval.math_render import choose_math_mode
     from hsd_cli.eval.report import show_olmocr_bench
 
     def scorer(console: Console) -> dict[str, Any]:
-        bench.import_bench()  # fail on a missing install before any conversion
+        bench.import_bench()  # fail on a missing install or renderer before any conversion
+        mode = _math_mode(console, math_render, require_math_render)
         conversion = _maybe_convert(console, convert, inputs, outputs, stages, draft)
         config = bench.BenchConfig(
             outputs=outputs,
@@ -104,15 +109,25 @@ def olmocr_bench_command(
         )
         if not outputs.is_dir():
             raise EvalInputError(f"output directory not found: {outputs}")
-        mode = choose_math_mode(math_render)
-        if math_render is MathRender.KATEX and not mode.katex:
-            raise EvalInputError(f"--math-render katex: {mode.reason}")
-        if math_render is MathRender.AUTO and not mode.katex:
-            console.print(f"[yellow]warning:[/yellow] math tests: {escape(mode.reason)}", highlight=False, soft_wrap=True)
         report = bench.score(config, mode)
         return report | {"convert": conversion}
 
     _run(scorer, json_output, show_olmocr_bench)
+
+
+def _math_mode(console: Console, requested: MathRender, required: bool) -> MathMode:
+    """The run's math mode; no renderer is an error under --require-math-render, else a warning."""
+    if required and requested is MathRender.OFF:
+        raise EvalInputError("--require-math-render contradicts --math-render off")
+    mode = choose_math_mode(requested)
+    if mode.katex:
+        return mode
+    if required:
+        raise EvalEnvironmentError(f"--require-math-render: {mode.reason}")
+    if requested is MathRender.AUTO:
+        warning = f"[yellow]warning:[/yellow] math tests unscored: {escape(mode.reason)}"
+        console.print(warning, highlight=False, soft_wrap=True)
+    return mode
 
 
 @eval_app.command("omnidocbench")

@@ -1,8 +1,12 @@
-"""The one error type of the scorers: bad input that the CLI reports in one line with exit code 2."""
+"""The scorers' errors, which the CLI reports in one line: bad input (exit 2), environment (exit 4)."""
 
 
 class EvalInputError(ValueError):
     """Missing or malformed benchmark input (test file, ground truth, output directory)."""
+
+
+class EvalEnvironmentError(RuntimeError):
+    """The machine cannot score as asked, e.g. no KaTeX renderer under --require-math-render."""
 
 
 def missing_dependency(exc: ImportError, what: str) -> EvalInputError:

@@ -1,10 +1,10 @@
-"""How olmOCR-Bench math tests compare formulas: KaTeX in headless Chromium, or exact spans only.
+"""How olmOCR-Bench math tests compare formulas: KaTeX in headless Chromium, or not at all.
 
 olmocr's scorer (`olmocr.bench.katex.render`) renders every formula with KaTeX in a Playwright
 browser and compares the rendered symbols and their layout. Playwright's own browser download
 is not reachable here, so the browser is looked up (Playwright's, else a system Chromium such as
-Debian's `chromium`) and olmocr is pointed at it. Without one, math tests keep only the
-exact-match rule of `MathTest.run`: a `$...$`/`\\(...\\)` span equal to the expected LaTeX.
+Debian's `chromium`) and olmocr is pointed at it. Without one, math tests are unscored: left out
+of every score, with the reason in the report (see `olmocr_bench.unscored_reason`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ SYSTEM_BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chro
 
 
 class MathRender(StrEnum):
-    AUTO = "auto"  # KaTeX when a browser starts, else exact matching
-    KATEX = "katex"  # KaTeX or a usage error
-    EXACT = "exact"  # exact span matching only
+    AUTO = "auto"  # KaTeX when a browser starts, else math tests unscored
+    OFF = "off"  # no browser started: math tests unscored
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class MathMode:
     reason: str
 
     def as_json(self) -> dict[str, object]:
-        return {"mode": "katex" if self.katex else "exact", "browser": self.browser, "reason": self.reason}
+        return {"mode": "katex" if self.katex else "unscored", "browser": self.browser, "reason": self.reason}
 
 
 def find_browser() -> str | None:
@@ -70,23 +69,25 @@ def _probe(browser: str) -> str | None:
 
 
 def choose_math_mode(requested: MathRender) -> MathMode:
-    if requested is MathRender.EXACT:
-        return MathMode(False, None, "exact matching requested (--math-render exact)")
+    if requested is MathRender.OFF:
+        return MathMode(False, None, "math rendering turned off (--math-render off)")
     browser = find_browser()
-    reason = "no Chromium found (install Debian's chromium, or run `playwright install chromium`)"
+    reason = "Chromium not found (install Debian's chromium, or run `playwright install chromium`)"
     if browser is not None:
         failure = _probe(browser)
         if failure is None:
             return MathMode(True, browser, "KaTeX rendered in headless Chromium")
         reason = failure
-    return MathMode(False, None, f"falling back to exact matching: {reason}")
+    return MathMode(False, None, f"no KaTeX renderer: {reason}")
 
 
 class _NotRendered:
     """Stands in for a render result when there is no browser.
 
-    olmocr's MathTest rejects a reference render that `is None` but skips hypotheses whose render
-    is falsy, so a falsy non-None value leaves exactly the exact-match rule of `MathTest.run`.
+    olmocr's MathTest renders its reference formula when it is built and rejects a render that
+    `is None`, so this non-None value lets the tests load; the scorer then leaves them unscored.
+    It is falsy because `MathTest.run` skips hypotheses whose render is falsy: run anyway, a test
+    keeps only its exact-match rule and never claims a rendered comparison it did not make.
     """
 
     def __bool__(self) -> bool:

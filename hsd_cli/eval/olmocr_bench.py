@@ -6,14 +6,16 @@ does around them: find each page's Markdown, run every test on every repeat, cou
 passed when more than half of the repeats pass, add a `baseline` test for every PDF that has
 none, and score = mean over test files of the share of their tests that pass, with a bootstrap
 interval that resamples within each file. Differences from benchmark.py: a missing page fails
-its tests instead of failing the whole candidate, and the bootstrap is seeded.
+its tests instead of failing the whole candidate, the bootstrap is seeded, and without a KaTeX
+renderer math tests are unscored (left out of every score, the report says why), where
+benchmark.py cannot even load them.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,9 +53,14 @@ class BenchConfig:
 class ScoredTest:
     test: Any  # an olmocr.bench.tests.BasePDFTest
     file: str
-    score: float  # share of repeats that passed
-    passed: bool
+    score: float | None  # share of repeats that passed; None when unscored
+    passed: bool | None
     explanation: str
+    unscored: str | None = None  # why the test has no verdict
+
+    @property
+    def scored(self) -> bool:
+        return self.unscored is None
 
 
 def load_tests(test_files: Iterable[Path]) -> list[tuple[Any, str]]:
@@ -113,6 +120,27 @@ def run_test(test: Any, repeats: list[str]) -> tuple[float, bool, str]:
     return score, score > 0.5, explanations[0] if explanations else ""
 
 
+def unscored_reason(test: Any, math_mode: MathMode) -> str | None:
+    """Why `test` gets no verdict in this run, or None when it is scored.
+
+    Without a KaTeX renderer every math test is unscored, an exact LaTeX match included. That
+    match is a pass the official scorer also gives, but counting it would count only tests that
+    pass (every other verdict needs the renderer), so the math figure and the overall would be
+    neither the benchmark's nor a clean exclusion.
+    """
+    if test.type == "math" and not math_mode.katex:
+        return math_mode.reason
+    return None
+
+
+def judge(test: Any, file: str, outputs: PageOutputs, math_mode: MathMode) -> ScoredTest:
+    """The test's verdict on its page's repeats, or why it has none."""
+    reason = unscored_reason(test, math_mode)
+    if reason is not None:
+        return ScoredTest(test, file, None, None, "", unscored=reason)
+    return ScoredTest(test, file, *run_test(test, outputs.markdown(document_key(test.pdf), test.page)))
+
+
 def pdf_list(config: BenchConfig, tests: list[tuple[Any, str]]) -> list[str]:
     """PDF names as the tests spell them: from --pdfs when given, else the tests' own."""
     if config.pdfs is None:
@@ -130,10 +158,7 @@ def score(config: BenchConfig, math_mode: MathMode) -> dict[str, Any]:
         untested = sorted(set(pdfs) - {test.pdf for test, _ in tests})
         if config.baseline:
             tests = add_baseline_tests(tests, pdfs)
-        results = [
-            ScoredTest(test, file, *run_test(test, outputs.markdown(document_key(test.pdf), test.page)))
-            for test, file in tests
-        ]
+        results = [judge(test, file, outputs, math_mode) for test, file in tests]
     report = summarise(results, config)
     report.update(
         outputs=str(config.outputs),
@@ -155,26 +180,27 @@ def summarise(results: list[ScoredTest], config: BenchConfig) -> dict[str, Any]:
         by_type[result.test.type].append(result)
         by_pdf[result.test.pdf].append(result)
 
-    file_scores = {name: _pass_share(group) for name, group in sorted(by_file.items())}
-    overall = sum(file_scores.values()) / len(file_scores)
-    ci = bootstrap_ci(bench_utils, [[float(r.passed) for r in group] for group in by_file.values()], config)
+    # olmocr's overall is the mean of the files' pass shares; unscored tests are in no share, and
+    # a file with no scored test (a math-only file without a renderer) has no share to average.
+    scored_files = [scored for group in by_file.values() if (scored := _scored(group))]
+    overall, ci = None, None
+    if scored_files:
+        overall = sum(map(_pass_share, scored_files)) / len(scored_files)
+        ci = bootstrap_ci(bench_utils, [[float(r.passed) for r in group] for group in scored_files], config)
     missing = sorted({f"{r.test.pdf}#page={r.test.page}" for r in results if r.explanation == MISSING_PAGE})
     return {
         "benchmark": "olmocr-bench",
-        "overall": {"score": overall, "ci95": ci, "bootstrap_samples": config.bootstrap_samples, "seed": config.seed},
-        "by_file": {
-            name: {"score": file_scores[name], "passed": _passed(group), "total": len(group)}
-            for name, group in sorted(by_file.items())
+        "overall": {
+            "score": overall,
+            "ci95": ci,
+            "bootstrap_samples": config.bootstrap_samples,
+            "seed": config.seed,
+            "excludes": exclusions(results),
         },
+        "by_file": {name: _group_row(group, _pass_share) for name, group in sorted(by_file.items())},
         # benchmark.py's per-type figure: mean over tests of the share of repeats that passed.
-        "by_type": {
-            kind: {"score": sum(r.score for r in group) / len(group), "passed": _passed(group), "total": len(group)}
-            for kind, group in sorted(by_type.items())
-        },
-        "by_pdf": {
-            pdf: {"score": _pass_share(group), "passed": _passed(group), "total": len(group)}
-            for pdf, group in sorted(by_pdf.items())
-        },
+        "by_type": {kind: _group_row(group, _repeat_share) for kind, group in sorted(by_type.items())},
+        "by_pdf": {pdf: _group_row(group, _pass_share) for pdf, group in sorted(by_pdf.items())},
         "tests": [
             {
                 "id": r.test.id,
@@ -185,11 +211,38 @@ def summarise(results: list[ScoredTest], config: BenchConfig) -> dict[str, Any]:
                 "score": r.score,
                 "passed": r.passed,
                 "explanation": r.explanation,
+                "unscored": r.unscored,
             }
             for r in results
         ],
         "missing_pages": missing,
     }
+
+
+def exclusions(results: list[ScoredTest]) -> dict[str, Any] | None:
+    """What every score leaves out: the unscored tests per type and why; None when none is."""
+    unscored = [r for r in results if not r.scored]
+    if not unscored:
+        return None
+    return {
+        "tests": len(unscored),
+        "by_type": dict(sorted(Counter(r.test.type for r in unscored).items())),
+        "reason": "; ".join(sorted({r.unscored for r in unscored})),
+    }
+
+
+def _group_row(group: list[ScoredTest], share: Callable[[list[ScoredTest]], float]) -> dict[str, Any]:
+    """score/passed/total over the group's scored tests; unscored ones are counted apart."""
+    scored = _scored(group)
+    row: dict[str, Any] = {
+        "score": share(scored) if scored else None,
+        "passed": _passed(scored),
+        "total": len(scored),
+        "unscored": len(group) - len(scored),
+    }
+    if row["unscored"]:
+        row["unscored_reason"] = "; ".join(sorted({r.unscored for r in group if not r.scored}))
+    return row
 
 
 def bootstrap_ci(bench_utils, groups: list[list[float]], config: BenchConfig) -> list[float]:
@@ -204,9 +257,17 @@ def bootstrap_ci(bench_utils, groups: list[list[float]], config: BenchConfig) ->
     return [float(low), float(high)]
 
 
-def _passed(group: list[ScoredTest]) -> int:
-    return sum(result.passed for result in group)
+def _scored(group: list[ScoredTest]) -> list[ScoredTest]:
+    return [result for result in group if result.scored]
 
 
-def _pass_share(group: list[ScoredTest]) -> float:
-    return _passed(group) / len(group)
+def _passed(scored: list[ScoredTest]) -> int:
+    return sum(result.passed for result in scored)
+
+
+def _pass_share(scored: list[ScoredTest]) -> float:
+    return _passed(scored) / len(scored)
+
+
+def _repeat_share(scored: list[ScoredTest]) -> float:
+    return sum(result.score for result in scored) / len(scored)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -13,23 +14,42 @@ def _pct(value: float | None) -> str:
 
 
 def show_olmocr_bench(console: Console, report: dict[str, Any]) -> None:
-    low, high = report["overall"]["ci95"]
     table = Table(title="olmOCR-Bench", title_justify="left")
     for column in ("group", "score", "passed", "tests"):
         table.add_column(column, justify="left" if column == "group" else "right")
     for name, row in report["by_file"].items():
-        table.add_row(f"file {name}", _pct(row["score"]), str(row["passed"]), str(row["total"]))
+        table.add_row(f"file {name}", *_bench_cells(row))
     for name, row in report["by_type"].items():
-        table.add_row(f"type {name}", _pct(row["score"]), str(row["passed"]), str(row["total"]))
-    table.add_row("[bold]overall[/bold]", f"[bold]{_pct(report['overall']['score'])}[/bold]", "", "")
+        table.add_row(f"type {name}", *_bench_cells(row))
+    excluded = report["overall"]["excludes"]
+    label = "overall" if excluded is None else f"overall, {excluded['tests']} unscored left out"
+    table.add_row(f"[bold]{label}[/bold]", f"[bold]{_pct(report['overall']['score'])}[/bold]", "", "")
     console.print(table)
-    console.print(
-        f"overall {_pct(report['overall']['score'])} (95% CI {_pct(low)} - {_pct(high)}), "
-        f"math: {report['math_render']['mode']}",
-        highlight=False,
-    )
+    console.print(escape(_overall_line(report)), highlight=False, soft_wrap=True)
     if report["missing_pages"]:
         console.print(f"[yellow]warning:[/yellow] {len(report['missing_pages'])} pages have no output", highlight=False)
+
+
+def _bench_cells(row: dict[str, Any]) -> tuple[str, str, str]:
+    """score, passed, tests of one group; a group with unscored tests says how many."""
+    if not row["unscored"]:
+        return _pct(row["score"]), str(row["passed"]), str(row["total"])
+    if row["score"] is None:
+        return "unscored", "-", f"0 (+{row['unscored']} unscored)"
+    return _pct(row["score"]), str(row["passed"]), f"{row['total']} (+{row['unscored']} unscored)"
+
+
+def _overall_line(report: dict[str, Any]) -> str:
+    overall = report["overall"]
+    line = f"overall {_pct(overall['score'])}"
+    if overall["ci95"] is not None:
+        low, high = overall["ci95"]
+        line += f" (95% CI {_pct(low)} - {_pct(high)})"
+    excluded = overall["excludes"]
+    if excluded is None:
+        return f"{line}, math: {report['math_render']['mode']}"
+    kinds = ", ".join(f"{count} {kind}" for kind, count in excluded["by_type"].items())
+    return f"{line}, excluding {excluded['tests']} unscored tests ({kinds}): {excluded['reason']}"
 
 
 def show_omnidocbench(console: Console, report: dict[str, Any]) -> None:
