@@ -37,3 +37,14 @@ def make_image():
 @pytest.fixture(scope="session")
 def page_image():
     return random_image(0)
+
+
+@pytest.fixture(scope="module")
+def bf16_target(tiny_target, tmp_path_factory):
+    """The family's tiny model loaded in bfloat16."""
+    model_dir = tmp_path_factory.mktemp("bf16")
+    tiny_target.model.save_pretrained(model_dir)
+    tiny_target.processor.save_pretrained(model_dir)
+    target = load_target(str(model_dir), device="cpu", dtype="bfloat16")
+    assert target.model.dtype == torch.bfloat16
+    return target

@@ -11,27 +11,15 @@ first divergence, and a divergence is allowed only at such a near-tie, to one of
 
 import math
 
-import pytest
 import torch
 
-from hsd_cli.decoding.hf_adapter import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 
 from .test_exactness import PROMPT, edit
 
 LENGTH = 128
-CONFIG = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None)
-
-
-@pytest.fixture(scope="module")
-def bf16_target(tiny_target, tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("bf16")
-    tiny_target.model.save_pretrained(model_dir)
-    tiny_target.processor.save_pretrained(model_dir)
-    target = load_target(str(model_dir), device="cpu", dtype="bfloat16")
-    assert target.model.dtype == torch.bfloat16
-    return target
+CONFIG = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False)
 
 
 def bf16_unit(value: float) -> float:
