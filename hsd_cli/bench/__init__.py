@@ -5,6 +5,7 @@ import typer
 from .acceptance import acceptance
 from .decode import decode
 from .pipeline import pipeline
+from .repetition import repetition
 
 bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding, and acceptance in a real model's tokens.", no_args_is_help=True)
 
@@ -17,3 +18,4 @@ def bench() -> None:
 bench_app.command("decode")(decode)
 bench_app.command("acceptance")(acceptance)
 bench_app.command("pipeline")(pipeline)
+bench_app.command("repetition")(repetition)

@@ -191,7 +191,7 @@ def run_bench(
 ) -> dict:
     from hsd_cli.decoding import DecodeConfig
 
-    config = DecodeConfig(max_new_tokens=max_new_tokens, repetition_guard=None, sampling=sampling)
+    config = DecodeConfig(max_new_tokens=max_new_tokens, repetition_guard=False, sampling=sampling)
     results = {name: ArmResult() for name in ARMS}
     run_generate(target, images[0], PROMPT, 4, sampling)  # warm-up: lazy initialisation is not timed
 

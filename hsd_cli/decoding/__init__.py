@@ -11,6 +11,7 @@ Knows nothing about PDFs or OCR. Typical use:
 from .hf_adapter import HFTarget, UnsupportedTransformersError, check_cache_layout, load_target
 from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, decode_many, make_proposer
 from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
+from .repetition import RepetitionLoop, find_repetition, repetition_stop
 from .stats import DecodeStats
 from .verify import SamplingConfig, inside_tex_math, math_guard
 
@@ -23,6 +24,7 @@ __all__ = [
     "HFTarget",
     "NoDraftProposer",
     "ProposerConfig",
+    "RepetitionLoop",
     "SamplingConfig",
     "TextDraftProposer",
     "UnsupportedTransformersError",
@@ -30,8 +32,10 @@ __all__ = [
     "decode",
     "decode_batch",
     "decode_many",
+    "find_repetition",
     "load_target",
     "inside_tex_math",
     "make_proposer",
     "math_guard",
+    "repetition_stop",
 ]

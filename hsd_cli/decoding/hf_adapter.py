@@ -346,16 +346,16 @@ class _RepetitionStop:
     """hsd's repetition guard as a `generate` stopping criterion (a callable is all `generate`
     asks of one), so that plain decoding stops where hsd's loop stops."""
 
-    def __init__(self, repeats: int, prompt_length: int) -> None:
-        from .loop import RepetitionGuard
-
-        self.guard = RepetitionGuard(repeats)
+    def __init__(self, prompt_length: int) -> None:
         self.prompt_length = prompt_length
-        self.lookback = len(self.guard.runs)  # the guard looks at most this many tokens back
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        recent = input_ids[0, max(self.prompt_length, input_ids.shape[1] - self.lookback):].tolist()
-        return torch.full((input_ids.shape[0],), self.guard.loops_after(recent), dtype=torch.bool, device=input_ids.device)
+        from .repetition import REPETITION_SPAN, repetition_stop
+
+        # Earlier calls saw every shorter output: only a loop ending at the newest token is new.
+        recent = input_ids[0, max(self.prompt_length, input_ids.shape[1] - REPETITION_SPAN):].tolist()
+        looping = repetition_stop(recent) == len(recent)
+        return torch.full((input_ids.shape[0],), looping, dtype=torch.bool, device=input_ids.device)
 
 
 class HFTarget:
@@ -376,7 +376,7 @@ class HFTarget:
     # -- text --------------------------------------------------------------------------------
 
     def generate_plainly(
-        self, image: Image.Image | None, prompt: str, max_new_tokens: int, repetition_guard: int | None = None,
+        self, image: Image.Image | None, prompt: str, max_new_tokens: int, repetition_guard: bool = False,
         **generate_kwargs,
     ) -> list[int]:
         """The output of transformers' own `generate`: greedy, without the checkpoint's logit
@@ -386,7 +386,7 @@ class HFTarget:
 
         inputs = self.inputs([image], [prompt])
         prompt_length = inputs["input_ids"].shape[1]
-        stops = [_RepetitionStop(repetition_guard, prompt_length)] if repetition_guard else []
+        stops = [_RepetitionStop(prompt_length)] if repetition_guard else []
         out = self.model.generate(
             **inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=self.stop_token_ids,
             stopping_criteria=StoppingCriteriaList(stops), **{**plain_generate_overrides(self.model), **generate_kwargs},

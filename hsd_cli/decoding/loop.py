@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
+from .repetition import RepetitionLoop, find_repetition, repetition_stop_after
 from .stats import DecodeStats
 from .tree import TreeBatch, batch_trees
 from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, first_tokens, verify_trees
@@ -24,8 +25,7 @@ from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, firs
 class DecodeConfig:
     max_new_tokens: int = 2048
     sampling: SamplingConfig = SamplingConfig()
-    # Stop once the output ends in a unit of <= 10 tokens repeated more than this many times.
-    repetition_guard: int | None = 10
+    repetition_guard: bool = True  # stop where the output loops (repetition.py says what a loop is)
     stop_token_ids: tuple[int, ...] | None = None  # None: the target's own stop tokens
 
 
@@ -46,7 +46,14 @@ class DecodeResult:
     tokens: list[int]
     stats: DecodeStats
     stop_reason: str  # "eos", "budget" or "repetition"
-    text: str = ""
+    text: str = ""  # the model's reading: the tokens, less the loop where the guard stopped one
+    loop: RepetitionLoop | None = None  # where stop_reason is "repetition"
+
+
+def decode_result(target: Target, tokens: list[int], stats: DecodeStats, stop_reason: str) -> DecodeResult:
+    """The result of an output that ended for `stop_reason`; its text ends where a loop began."""
+    loop = find_repetition(tokens) if stop_reason == "repetition" else None
+    return DecodeResult(tokens, stats, stop_reason, target.decode(tokens[: loop.reading_end] if loop else tokens), loop)
 
 
 class TargetState(Protocol):
@@ -75,62 +82,34 @@ class Target(Protocol):
     def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 
-class RepetitionGuard:
-    """Does the output end in a unit of <= max_unit tokens repeated more than `repeats` times?
-
-    Told every token as it is emitted, it answers in O(max_unit): for every unit size u it keeps
-    how many trailing tokens equal the token u places before them. The last (repeats + 1) units
-    of size u are equal exactly when that run reaches u * repeats.
-    """
-
-    def __init__(self, repeats: int, max_unit: int = 10):
-        self.repeats = repeats
-        self.runs = [0] * (max_unit + 1)  # index = unit size; index 0 unused
-
-    def loops_after(self, tokens: Sequence[int]) -> bool:
-        """Update with tokens[-1], the token just appended; True if the output now loops."""
-        looping = False
-        for unit in range(1, len(self.runs)):
-            if len(tokens) > unit and tokens[-1] == tokens[-1 - unit]:
-                self.runs[unit] += 1
-                looping = looping or self.runs[unit] >= unit * self.repeats
-            else:
-                self.runs[unit] = 0
-        return looping
-
-
 @dataclass
 class _Sequence:
     request: DecodeRequest
     tokens: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     stop_reason: str | None = None
-    guard: RepetitionGuard | None = None
 
     def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
         """Append tokens up to and including the first that ends the output (a stop token, the
-        budget, a loop); return how many. Every token is checked as plain decoding checks it, so
-        a loop that starts and ends inside one accepted chunk stops the output where plain
-        decoding stops."""
-        if config.repetition_guard and self.guard is None:
-            self.guard = RepetitionGuard(config.repetition_guard)
-        count = 0
+        budget, a loop); return how many. Tokens are cut where plain decoding with the same guard
+        would have stopped, also where a loop is found inside one accepted chunk."""
+        checked = len(self.tokens)
         for token in new_tokens:
             if len(self.tokens) >= config.max_new_tokens:
                 self.stop_reason = "budget"
                 break
             self.tokens.append(token)
-            count += 1
-            looping = self.guard is not None and self.guard.loops_after(self.tokens)
             if token in stop_ids:
                 self.stop_reason = "eos"
             elif len(self.tokens) >= config.max_new_tokens:
                 self.stop_reason = "budget"
-            elif looping:
-                self.stop_reason = "repetition"
             if self.stop_reason is not None:
                 break
-        return count
+        loop_stop = repetition_stop_after(self.tokens, checked) if config.repetition_guard else None
+        if loop_stop is not None:
+            del self.tokens[loop_stop:]
+            self.stop_reason = "repetition"
+        return len(self.tokens) - checked
 
 
 def _prefill(
@@ -220,10 +199,7 @@ def decode_batch(
     while state.rows:
         _step(target, state, [sequences[row] for row in state.rows], config, stop_ids)
         _drop_finished(target, state, sequences, stop_ids)
-    return [
-        DecodeResult(s.tokens, s.stats, s.stop_reason or "budget", target.decode(s.tokens))
-        for s in sequences
-    ]
+    return [decode_result(target, s.tokens, s.stats, s.stop_reason or "budget") for s in sequences]
 
 
 def make_proposer(

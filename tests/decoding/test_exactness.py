@@ -15,7 +15,7 @@ from hsd_cli.decoding.verify import SamplingConfig, keyed_sample
 
 PROMPT = "Transcribe the text."
 LENGTH = 128
-GREEDY = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None)
+GREEDY = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False)
 
 
 def generate_greedy(target, image, prompt, length=LENGTH):
@@ -101,29 +101,30 @@ def test_wide_trees(tiny_target, page_image, reference):
 
 def test_eos_and_budget_stop_like_generate(tiny_target, page_image, reference):
     stop = reference[40]
-    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None, stop_token_ids=(stop,))
+    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False, stop_token_ids=(stop,))
     result = speculative(tiny_target, page_image, [reference], config=config)
     assert result.tokens == reference[: reference.index(stop) + 1] and result.stop_reason == "eos"
-    short = speculative(tiny_target, page_image, [reference], config=DecodeConfig(max_new_tokens=37, repetition_guard=None))
+    short = speculative(tiny_target, page_image, [reference], config=DecodeConfig(max_new_tokens=37, repetition_guard=False))
     assert short.tokens == reference[:37] and short.stop_reason == "budget"
 
 
 def test_the_repetition_guard_stops_where_generate_with_it_stops(tmp_path, page_image):
-    """`--baseline` runs transformers' generate with hsd's guard as a stopping criterion: both stop
-    on the same token, also when the loop closes inside one accepted chunk of a draft. A model
-    whose output head is zeroed repeats one token (every logit ties; argmax takes the first)."""
+    """`--baseline` can run transformers' generate with hsd's guard as a stopping criterion: both
+    stop on the same token, also when the loop closes inside one accepted chunk of a draft. A
+    model whose output head is zeroed repeats one token (every logit ties; argmax takes the first)."""
     from hsd_cli.decoding.hf_adapter import load_target
+    from hsd_cli.decoding.repetition import REPETITION_SPAN
     from hsd_cli.models.tiny import build_tiny_random
 
     target = load_target(str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), device="cpu", dtype="float32")
     with torch.no_grad():
         target.model.get_output_embeddings().weight.zero_()
-    for guard in (2, 5):
-        config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=guard)
-        result = speculative(target, page_image, [[0] * LENGTH], config=config)
-        assert result.stop_reason == "repetition" and result.stats.forwards < len(result.tokens)
-        assert result.tokens == [0] * (guard + 1) == target.generate_plainly(page_image, PROMPT, LENGTH, guard)
-    assert len(target.generate_plainly(page_image, PROMPT, LENGTH)) == LENGTH, "without the guard, the budget"
+    budget = REPETITION_SPAN + 40
+    config = DecodeConfig(max_new_tokens=budget, repetition_guard=True)
+    result = speculative(target, page_image, [[0] * budget], config=config)
+    assert result.stop_reason == "repetition" and result.stats.forwards < len(result.tokens)
+    assert result.tokens == [0] * REPETITION_SPAN == target.generate_plainly(page_image, PROMPT, budget, repetition_guard=True)
+    assert len(target.generate_plainly(page_image, PROMPT, budget)) == budget, "without the guard, the budget"
 
 
 def test_batched_sequences_of_different_lengths(tiny_target, make_image):
@@ -137,7 +138,7 @@ def test_batched_sequences_of_different_lengths(tiny_target, make_image):
         DecodeRequest(image, prompt, DraftProposer([edit(ref, i, substitute=0.05 * i)]))
         for i, ((image, prompt), ref) in enumerate(zip(cases, references))
     ]
-    config = DecodeConfig(max_new_tokens=120, repetition_guard=None)
+    config = DecodeConfig(max_new_tokens=120, repetition_guard=False)
     results = decode_batch(tiny_target, requests, config)
     for result, ref in zip(results, references):
         assert result.tokens == ref
@@ -159,7 +160,7 @@ def test_a_row_that_ends_drafts_the_row_it_feeds(tiny_target, make_image, separa
         DecodeRequest(page, PROMPT, DraftProposer([page_reference]), feeds=0),
         DecodeRequest(crop, "Read.", DraftProposer([edit(crop_reference, 7, substitute=0.1)])),
     ]
-    config = DecodeConfig(max_new_tokens=120, repetition_guard=None)
+    config = DecodeConfig(max_new_tokens=120, repetition_guard=False)
     results = decode_batch(tiny_target, requests, config, separate_prefill=separate_prefill)
     assert [r.tokens for r in results] == [page_reference, page_reference, crop_reference]
     assert page_proposer.drafts == [page_reference], "the ended row's output, as a draft"
@@ -183,7 +184,7 @@ def test_batched_text_only_prompts_and_cache_compaction(tiny_target):
         references.append(out[0, inputs["input_ids"].shape[1] :].tolist())
     target = AlwaysCompactingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
     requests = [DecodeRequest(None, p, DraftProposer([edit(r, 7, substitute=0.2)])) for p, r in zip(prompts, references)]
-    results = decode_batch(target, requests, DecodeConfig(max_new_tokens=60, repetition_guard=None))
+    results = decode_batch(target, requests, DecodeConfig(max_new_tokens=60, repetition_guard=False))
     assert [r.tokens for r in results] == references
 
 
@@ -292,9 +293,9 @@ def test_speculative_sampling_equals_plain_sampling(tiny_target, page_image, sam
         **inputs, max_new_tokens=LENGTH, do_sample=False, logits_processor=LogitsProcessorList([KeyedSampler(sampling, prompt_length)])
     )
     plain = out[0, prompt_length:].tolist()
-    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=None, sampling=sampling)
+    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False, sampling=sampling)
     result = speculative(tiny_target, page_image, [edit(plain, 2, substitute=0.05)], config=config)
     assert result.tokens == plain
     assert result.stats.accepted > LENGTH // 3
-    short = DecodeConfig(max_new_tokens=40, repetition_guard=None, sampling=replace(sampling, seed=sampling.seed + 1))
+    short = DecodeConfig(max_new_tokens=40, repetition_guard=False, sampling=replace(sampling, seed=sampling.seed + 1))
     assert speculative(tiny_target, page_image, [], config=short).tokens != plain[:40]

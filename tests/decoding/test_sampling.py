@@ -22,7 +22,7 @@ def qwen_target(tmp_path_factory):
 
 
 def test_rows_of_a_batch_sample_independently_and_speculation_matches_plain_row_by_row(qwen_target, page_image):
-    config = DecodeConfig(max_new_tokens=60, repetition_guard=None, sampling=SamplingConfig(temperature=1.0, top_p=0.95, seed=4))
+    config = DecodeConfig(max_new_tokens=60, repetition_guard=False, sampling=SamplingConfig(temperature=1.0, top_p=0.95, seed=4))
     same = [(page_image, "Transcribe the text.")] * 3
     plain = decode_batch(qwen_target, [DecodeRequest(image, prompt, NoDraftProposer()) for image, prompt in same], config)
     assert len({tuple(r.tokens) for r in plain}) == 3, "the same request in three rows must draw three outputs"
@@ -59,7 +59,7 @@ def test_a_sampling_step_with_a_real_vocabulary_holds_little_beyond_its_logits(q
     model.resize_token_embeddings(152_064, mean_resizing=False)
     try:
         target = HFTarget(model, qwen_target.processor, qwen_target.adapter)
-        config = DecodeConfig(max_new_tokens=4, repetition_guard=None, sampling=SamplingConfig(temperature=1.0, top_p=0.9, seed=1))
+        config = DecodeConfig(max_new_tokens=4, repetition_guard=False, sampling=SamplingConfig(temperature=1.0, top_p=0.9, seed=1))
 
         def run():
             return decode_batch(target, [DecodeRequest(None, f"Read {i}.", FortyNodeChains()) for i in range(8)], config)
