@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +26,10 @@ from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
-from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageImage, PageResult
+from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageFlag, PageImage, PageResult
 from hsd_cli.stages.dialect import DIALECT_KEYS, page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
+from hsd_cli.stages.outcome import LOST_PAGE_WHY, draft_standing_in, drafted_page, failed_page, model_reading
 from hsd_cli.stages.planner import page_kind
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
 from hsd_cli.stats import DecodingTotals, PagePlan, PageStats, RegionResult, StageSeconds
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
     from hsd_cli.stages.page import PageRead
     from hsd_cli.stages.vlm import VlmModel
 
-# Flag of a page whose draft stands in because the planner predicts the model would not read it in time.
-PREDICTED_TIMEOUT = "predicted_timeout"
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
 # (event name, payload) -> None; how the worker tells the parent about progress.
@@ -53,15 +52,18 @@ def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[st
 
 
 def debug_fault(doc: InputDocument, page_no: int, stage: str) -> None:
-    """Debug settings, for trying --page-timeout, --doc-timeout and worker deaths (the tests use
-    them too): HSD_DEBUG_STALL=<file name>:<page>[:vlm] hangs that page's draft (or VLM) stage, as
-    a looping decode or a stuck native library would; HSD_DEBUG_CRASH=<file name>:<page> kills the
-    worker there, as a segfault would. Read here only, in the worker."""
+    """Debug settings, for trying --page-timeout, --doc-timeout, worker deaths and failing pages
+    (the tests use them too): HSD_DEBUG_STALL=<file name>:<page>[:vlm] hangs that page's draft (or
+    VLM) stage, as a looping decode or a stuck native library would; HSD_DEBUG_CRASH=<file name>:<page>
+    kills the worker there, as a segfault would; HSD_DEBUG_RAISE=<file name>:<page>[:vlm] makes the
+    stage raise, as a library's error would. Read here only, in the worker."""
     wanted = {f"{doc.path.name}:{page_no}:{stage}"} | ({f"{doc.path.name}:{page_no}"} if stage == "draft" else set())
     if os.environ.get("HSD_DEBUG_STALL", "") in wanted:
         time.sleep(3600)
     if os.environ.get("HSD_DEBUG_CRASH", "") in wanted:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("HSD_DEBUG_RAISE", "") in wanted:
+        raise RuntimeError(f"HSD_DEBUG_RAISE on the {stage} stage")
 
 
 def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> tuple[PageResult, PageImage]:
@@ -73,9 +75,9 @@ def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig
     figures = _figure_crops(image, draft.blocks) if config.images is ImageMode.REF else ()
     result = PageResult(
         page_no=draft.page_no, size_pt=image.size_pt, blocks=draft.blocks, backend=draft.backend,
-        figures=figures, flags=("draft_only",), timings={"render_s": rendered - started, "draft_s": draft.seconds},
+        figures=figures, timings={"render_s": rendered - started, "draft_s": draft.seconds},
     )
-    return result, image
+    return drafted_page(result, draft.degraded_reason), image
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,9 @@ class DocumentSoFar:
     tau: tuple[tuple[str, float], ...] = ()  # (page kind, the page stage's tau) where drafts were verified
 
     def then(self, kind: str, text: str | None, tau: float | None) -> DocumentSoFar:
-        """After a page whose model output is `text` (None: unusable) and whose page stage reached
-        `tau` (None: it verified no drafts)."""
-        if text is None:
+        """After a page whose model output is `text` (None: unusable; empty: it tells nothing) and
+        whose page stage reached `tau` (None: it verified no drafts)."""
+        if not text:
             return self
         return DocumentSoFar(self.outputs + (text,), self.tau + (((kind, tau),) if tau is not None else ()))
 
@@ -96,7 +98,7 @@ class DocumentSoFar:
     def of(cls, pages: Sequence[PageResult]) -> DocumentSoFar:
         so_far = cls()
         for page in pages:
-            if page.text and page.stats and "fallback" not in page.flags:
+            if page.text and page.stats and PageFlag.FALLBACK not in page.flags:
                 tau = page.stats.page.tau if page.stats.verified_drafts else None
                 so_far = so_far.then(page_kind(page.backend), page.text, tau)
         return so_far
@@ -160,45 +162,33 @@ def vlm_stage(
     """The page's result from the VLM stages, with the --baseline reading where asked for; the
     draft, flagged, where the planner predicts the page would not finish within `time_limit_s`."""
     from hsd_cli.stages.page import baseline_check
-    from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
 
     done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, stages, so_far, time_limit_s)
     read = done.read
     if read is None:
         predicted = min(done.plan.predicted_s.values())  # only a plan leaves a page unread
-        return replace(drafted, flags=("fallback", PREDICTED_TIMEOUT), timings=drafted.timings | {"predicted_s": predicted})
+        why = (f"the model would take about {predicted:.0f} s, far over --page-timeout {time_limit_s:g} s "
+               "(to read it, rerun with a larger --page-timeout and --overwrite)")
+        unread = draft_standing_in(drafted, PageFlag.PREDICTED_TIMEOUT, why)
+        return replace(unread, timings=drafted.timings | {"predicted_s": predicted})
     baseline_started = time.perf_counter()
     baseline = baseline_check(model, read) if model.options.baseline else None
     seconds = StageSeconds(
         region_s=done.region_s, page_s=done.page_s, prefill_s=read.result.stats.prefill_s,
         baseline_page_s=time.perf_counter() - baseline_started if baseline else None,
     )
-    text, rejected, read_flags = read.outcome()
     stats = PageStats(
         page=read.result.stats, stop_reason=read.result.stop_reason,
         dialect={name: getattr(done.settings, name) for name in DIALECT_KEYS}, seconds=seconds, regions=done.regions,
         front_matter=read.front_matter, rotation=read.rotation_reads, baseline=baseline, plan=done.plan,
+        loop=read.result.loop,
     )
-    flags = ("vlm",) + ((OUTSIDE_REPLAY_SET,) if model.outside_replay_set(image.image) else ()) + read_flags
-    return replace(
-        drafted, text=text, rejected_text=rejected, flags=flags, timings=drafted.timings | seconds.as_json(), stats=stats
-    )
+    page = model_reading(drafted, read, model.decode_config.max_new_tokens, model.outside_replay_set(image.image))
+    return replace(page, timings=drafted.timings | seconds.as_json(), stats=stats)
 
 
-def with_fallback_flags(drafted: PageResult, reason: str) -> PageResult:
-    """The draft standing in for a page whose VLM stage failed, flagged with why."""
-    return replace(drafted, flags=("fallback", reason))
-
-
-def failed_page(page: pymupdf.Page, reason: str) -> PageResult:
-    """A page with no content, flagged with why, so the document can still be written."""
-    return PageResult(
-        page_no=page.number + 1,
-        size_pt=(page.rect.width, page.rect.height),
-        blocks=(),
-        backend="none",
-        flags=("failed", reason),
-    )
+def _page_size(page: pymupdf.Page) -> tuple[float, float]:
+    return page.rect.width, page.rect.height
 
 
 def _checkpoint_path(task: DocumentTask, page_no: int, stage: str = "page") -> Path:
@@ -215,58 +205,57 @@ def _load_checkpoint(path: Path) -> PageResult | None:
             page = pickle.load(handle)
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
         return None
-    if not isinstance(page, PageResult) or not isinstance(page.stats, (PageStats, type(None))):
+    if not isinstance(page, PageResult) or any(not hasattr(page, f.name) for f in fields(PageResult)):
         return None
-    return page
+    return page if isinstance(page.stats, (PageStats, type(None))) else None
 
 
-def _with_retries(work: Callable[[], Any]) -> tuple[Any, str | None]:
-    """Run `work` up to PAGE_ATTEMPTS times; (result, None) or (None, last error)."""
+@dataclass(frozen=True)
+class PageError:
+    """The exception a page's stage raised on its last attempt."""
+
+    message: str  # "TypeName: message", on one line
+    traceback: str
+
+
+def _with_retries(work: Callable[[], Any]) -> tuple[Any, PageError | None]:
+    """Run `work` up to PAGE_ATTEMPTS times; (result, None) or (None, the last error)."""
     error = None
     for _ in range(PAGE_ATTEMPTS):
         try:
             return work(), None
         except Exception as exc:  # noqa: BLE001 - a bad page must not sink its document
-            error = f"{type(exc).__name__}: {exc}"
+            message = " ".join(f"{type(exc).__name__}: {exc}".split())
+            error = PageError(message, traceback.format_exc())
     return None, error
 
 
 def _convert_page(
     task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmModel | None, emit: EventSink,
     so_far: DocumentSoFar,
-) -> tuple[PageResult, list[str]]:
+) -> tuple[PageResult, PageError | None]:
     """Draft, checkpoint the draft, then the VLM stages (whose drafts follow the dialect of the
-    document's model outputs so far); each stage retried once."""
+    document's model outputs so far); each stage retried once. The error is the last one raised."""
     page_no = page.number + 1
-    warnings = []
-    debug_fault(task.doc, page_no, "draft")
-    drafted, error = _with_retries(lambda: draft_stage(page, backend, task.config))
-    if drafted is None:
-        return failed_page(page, "error"), [f"page {page_no}: {error}"]
-    result, image = drafted
-    if vlm is not None:
-        from hsd_cli.stages.vlm import OUTSIDE_REPLAY_SET
 
+    def drafted() -> tuple[PageResult, PageImage]:
+        debug_fault(task.doc, page_no, "draft")
+        return draft_stage(page, backend, task.config)
+
+    def decoded() -> PageResult:
+        debug_fault(task.doc, page_no, "vlm")
+        return vlm_stage(result, image, vlm, task.config.stages, so_far, task.page_timeout)
+
+    draft, error = _with_retries(drafted)
+    if draft is None:
+        return failed_page(page_no, _page_size(page), PageFlag.ERROR, f"the draft stage raised {error.message}"), error
+    result, image = draft
+    if vlm is not None:
         write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
         emit("page_drafted", {"page": page_no})
-        debug_fault(task.doc, page_no, "vlm")
-        decoded, error = _with_retries(
-            lambda: vlm_stage(result, image, vlm, task.config.stages, so_far, task.page_timeout)
-        )
-        if decoded is None:
-            warnings.append(f"page {page_no}: VLM failed, draft used: {error}")
-        elif PREDICTED_TIMEOUT in decoded.flags:
-            warnings.append(
-                f"page {page_no}: the model would take about {decoded.timings['predicted_s']:.0f} s, far over "
-                f"--page-timeout {task.page_timeout:g} s; draft used (to read it, rerun with a larger --page-timeout and --overwrite)"
-            )
-        elif OUTSIDE_REPLAY_SET in decoded.flags:
-            warnings.append(
-                f"page {page_no}: the replay model was not built on this page; its output recites "
-                "another page and is not a reading of this one"
-            )
-        result = decoded or with_fallback_flags(result, "vlm_error")
-    return result, warnings
+        read, error = _with_retries(decoded)
+        result = read or draft_standing_in(result, PageFlag.VLM_ERROR, f"the model failed ({error.message})")
+    return result, error
 
 
 def _metadata(pdf: pymupdf.Document) -> dict[str, str]:
@@ -318,28 +307,31 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         task.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         pages: list[PageResult] = []
         failures: dict[int, str] = {}
+        tracebacks: list[str] = []
         for index in indices:
             page_no = index + 1
             checkpoint = _checkpoint_path(task, page_no)
             result = _load_checkpoint(checkpoint)
             if result is None and page_no in task.lost_pages:
                 # The worker was killed on this page: its draft stands in if it got that far.
-                reason = task.lost_pages[page_no]
+                reason = PageFlag(task.lost_pages[page_no])
                 drafted = _load_checkpoint(_checkpoint_path(task, page_no, "draft"))
-                result = with_fallback_flags(drafted, reason) if drafted else failed_page(pdf[index], reason)
+                why = LOST_PAGE_WHY[reason]
+                result = draft_standing_in(drafted, reason, why) if drafted else failed_page(page_no, _page_size(pdf[index]), reason, why)
             if result is None:
                 emit("page_started", {"page": page_no})
-                result, page_warnings = _convert_page(task, pdf[index], backend, vlm, emit, DocumentSoFar.of(pages))
-                warnings.extend(page_warnings)
+                result, error = _convert_page(task, pdf[index], backend, vlm, emit, DocumentSoFar.of(pages))
+                tracebacks += [f"page {page_no}:\n{error.traceback}"] if error else []
                 write_atomic(checkpoint, pickle.dumps(result))
                 release_freed_memory()
                 emit("page_done", {"page": page_no, "flags": list(result.flags)})
-            if "failed" in result.flags:
-                failures[page_no] = result.flags[-1]
+            if PageFlag.FAILED in result.flags:
+                failures[page_no] = str(result.flags[-1])
             pages.append(result)
+        warnings += [f"page {page.page_no}: {page.notice}" for page in pages if page.notice]
         result = DocumentResult(
             pages=tuple(pages), page_count=pdf.page_count, metadata=_metadata(pdf), warnings=tuple(warnings),
-            damaged=damage is not None,
+            damaged=damage is not None, tracebacks=tuple(tracebacks),
         )
         return result, failures
 
@@ -372,7 +364,7 @@ def write_document(result: DocumentResult, task: DocumentTask) -> dict[str, str]
         "size_bytes": task.doc.path.stat().st_size,
     }
     document = document_json(
-        result, source, output_config(task.config), lambda page: page_markdown(page, image_ref), image_ref
+        result, source, output_config(task.config, task.page_timeout), lambda page: page_markdown(page, image_ref), image_ref
     )
     write_atomic(outputs.markdown, markdown.encode("utf-8"))
     write_atomic(outputs.json, document.encode("utf-8"))
@@ -388,7 +380,7 @@ def _document_status(result: DocumentResult, failures: dict[int, str], max_rate:
     pages = result.pages
     if failures and len(failures) / len(pages) > max_rate:
         return DocStatus.TIMEOUT if set(failures.values()) == {"timeout"} else DocStatus.FAILED
-    if failures or result.damaged or any("fallback" in page.flags for page in pages):
+    if failures or result.damaged or any({PageFlag.FALLBACK, PageFlag.DEGRADED} & set(page.flags) for page in pages):
         return DocStatus.DEGRADED
     return DocStatus.OK
 
@@ -406,12 +398,14 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
                 status=status,
                 error=f"{len(failures)} of {len(result.pages)} pages failed "
                 f"(above --max-page-error-rate {task.max_page_error_rate:g}): "
-                + ", ".join(f"page {n} {why}" for n, why in sorted(failures.items())),
+                + ", ".join(f"page {page.page_no} {page.notice}" for page in result.pages if page.page_no in failures),
                 pages=len(result.pages),
                 page_count=result.page_count,
                 failed_pages=failures,
                 seconds=time.perf_counter() - started,
                 sha256=task.sha256,
+                warnings=result.warnings,
+                traceback="\n".join(result.tracebacks) or None,
             )
         written = write_document(result, task)
     except DocumentError as exc:
@@ -444,4 +438,5 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
         draft_backends=backends,
         page_timings={page.page_no: page.timings for page in result.pages},
         warnings=result.warnings,
+        traceback="\n".join(result.tracebacks) or None,
     )

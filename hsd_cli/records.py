@@ -47,6 +47,29 @@ class DocStatus(StrEnum):
         return self not in (DocStatus.OK, DocStatus.DEGRADED, DocStatus.SKIPPED)
 
 
+class PageFlag(StrEnum):
+    """The words of a page's `flags` (README lists them). The first says where the text comes
+    from; `fallback` and `failed` are followed by their reason."""
+
+    DRAFT_ONLY = "draft_only"  # no model ran: the draft is the page
+    VLM = "vlm"  # the model read the page
+    FALLBACK = "fallback"  # the draft stands in for all or part of the model's reading
+    FAILED = "failed"  # the page has no content
+    # Reasons after `fallback` or `failed`.
+    VLM_ERROR = "vlm_error"  # the model's stages raised
+    PREDICTED_TIMEOUT = "predicted_timeout"  # the planner predicts far over --page-timeout
+    REPETITION = "repetition"  # the model looped: its reading up to the loop, then the draft
+    TIMEOUT = "timeout"  # the page ran past --page-timeout and its worker was stopped
+    CRASH = "crash"  # the worker died on the page twice
+    ERROR = "error"  # the draft stage raised twice
+    # What else a page's reading or draft is.
+    EMPTY = "empty"  # the model read nothing where the draft has text: the page is written empty
+    TRUNCATED = "truncated"  # the model's reading stopped at the token budget
+    ROTATED = "rotated"  # the model's front matter turned the page; the reading is of the turned page
+    OUTSIDE_REPLAY_SET = "outside_replay_set"  # a replay model (a benchmark stand-in) recited another page
+    DEGRADED = "degraded"  # the draft came from OCR of the rendering, or its layout saw part of the page
+
+
 @dataclass(frozen=True)
 class PageImage:
     """One rendered page. `scale` maps PDF points to pixels (pixels = points * scale)."""
@@ -76,6 +99,9 @@ class PageDraft:
     blocks: tuple[Block, ...]
     backend: str  # the backend that actually ran (auto resolves to pdf-text or ocr)
     seconds: float
+    # Why the draft came from OCR of the rendering although the backend would have read the text
+    # layer (its analysis or text extraction raised: "FzErrorFormat: ..."); None where it did not.
+    degraded_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,11 +111,12 @@ class PageResult:
     blocks: tuple[Block, ...]
     backend: str
     figures: tuple[tuple[str, Image.Image], ...] = ()  # (block id, crop) for figures
-    text: str | None = None  # the VLM's page output; None = the draft blocks are the text
-    rejected_text: str | None = None  # the VLM's page output when the draft stood in for it
-    flags: tuple[str, ...] = ()  # e.g. "draft_only", "vlm", "fallback"
+    text: str | None = None  # the VLM's page reading; None = the draft blocks are the text
+    flags: tuple[PageFlag, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
     stats: PageStats | None = None  # None: no VLM stage ran
+    draft_from: int | None = None  # the first of `blocks` whose draft follows a reading the model broke off
+    notice: str | None = None  # the one line a user is told where the page is not the model's full reading
 
 
 @dataclass(frozen=True)
@@ -99,3 +126,4 @@ class DocumentResult:
     metadata: dict[str, Any]
     warnings: tuple[str, ...] = ()
     damaged: bool = False  # the source (an image cut short) decoded only in part
+    tracebacks: tuple[str, ...] = ()  # of the pages that raised (shown with --debug)

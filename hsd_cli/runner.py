@@ -112,8 +112,6 @@ class Reporter:
         label = f"[{style}]{outcome.status.value:<9}[/{style}]"
         if outcome.error:
             self.console.print(f"{label} {escape(outcome.input)}: {escape(outcome.error)}", highlight=False, soft_wrap=True)
-            if self.debug and outcome.traceback:
-                self.console.print(outcome.traceback, highlight=False, markup=False)
         elif not self.quiet:
             backends = ", ".join(f"{name} x{count}" for name, count in sorted(outcome.draft_backends.items()))
             detail = f"{outcome.pages} pages, {outcome.seconds:.1f}s, draft: {backends}" if outcome.pages else outcome.note
@@ -124,6 +122,8 @@ class Reporter:
             self.console.print(f"{label} {escape(outcome.input)} ({escape(detail)})", highlight=False, soft_wrap=True)
         for warning in outcome.warnings:
             self.warn(f"{outcome.input}: {warning}")
+        if self.debug and outcome.traceback:
+            self.console.print(outcome.traceback, highlight=False, markup=False)
 
     def summary(self, summary: dict[str, Any]) -> None:
         if self.quiet:
@@ -181,6 +181,7 @@ def _manifest_record(
         "status": outcome.status.value,
         "error": outcome.error,
         "failed_pages": {str(n): why for n, why in outcome.failed_pages.items()},
+        "warnings": list(outcome.warnings),  # a page's notice among them: why it is not the model's full reading
         "outputs": outcome.outputs,
         "timings": {
             "seconds": round(outcome.seconds, 3),
@@ -223,7 +224,7 @@ class BatchRun:
         self.run = run
         self.reporter = reporter
         self.events = events
-        self.config_hash = config_hash(config)
+        self.config_hash = config_hash(config, run.page_timeout)
         self.limits = Limits(run.page_timeout, run.doc_timeout, run.max_docs_per_worker)
         # Held while the manifest, the display and the events take a finished document: documents
         # finish on several threads when the executor runs several workers.

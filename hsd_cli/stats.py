@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
+    from hsd_cli.decoding.repetition import RepetitionLoop
     from hsd_cli.decoding.stats import DecodeStats
     from hsd_cli.records import Block
 
@@ -48,9 +49,10 @@ def regions_json(regions: tuple[RegionResult, ...]) -> dict[str, Any]:
 class BaselineCheck:
     """The page decoded plainly with transformers' generate (--baseline), against hsd's output."""
 
-    identical: bool
+    identical: bool  # up to where the repetition guard stopped hsd's output, if it did
     first_divergence: int | None  # the first token where they differ (bf16 near-ties can flip one)
     forwards: int  # one per token: the prefill gives the first
+    guard_stopped_at: int | None = None  # hsd's tokens where its repetition guard cut an output generate went on with
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class PageStats:
     rotation: RotationReads | None = None  # only where the page was read more than once
     baseline: BaselineCheck | None = None
     plan: PagePlan | None = None  # the planner's choice, where it chose (`--stages auto` with a profile)
+    loop: RepetitionLoop | None = None  # where the repetition guard stopped the page stage
 
     @property
     def verified_drafts(self) -> bool:
@@ -126,6 +129,8 @@ class PageStats:
             stats["baseline"] = vars(self.baseline).copy()
         if self.plan is not None:
             stats["plan"] = self.plan.as_json()
+        if self.loop is not None:
+            stats["repetition"] = vars(self.loop).copy()
         return stats
 
 

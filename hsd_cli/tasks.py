@@ -82,19 +82,28 @@ def vlm_options(config: ConvertConfig) -> VlmOptions | None:
     )
 
 
-def output_config(config: ConvertConfig) -> dict[str, object]:
+# ConvertConfig fields that cannot change a document's output bytes: where outputs go, which
+# inputs are found, a password (a wrong one fails the document) and trusting a model's own code
+# (a model that needs it fails without it). Every other field is in `output_config`.
+OUTPUT_NEUTRAL_FIELDS = frozenset({"output_dir", "recursive", "password", "trust_remote_code"})
+
+
+def page_timeout_matters(config: ConvertConfig) -> bool:
+    """--page-timeout changes output where the planner may leave a page it predicts far over it to
+    its draft (`--stages auto` with a model)."""
+    return config.model is not None and config.stages is Stages.AUTO
+
+
+def output_config(config: ConvertConfig, page_timeout: float) -> dict[str, object]:
     """The options that change output bytes (recorded in the JSON, hashed for resume)."""
-    wanted = (
-        "pages", "dpi", "max_pixels", "draft_backend", "images", "page_markers", "stages", "model",
-        "dtype", "max_new_tokens",
-    )
 
     def plain(value: object) -> object:
         return value if value is None or isinstance(value, (bool, int, float)) else str(value)
 
-    return {key: plain(value) for key, value in asdict(config).items() if key in wanted}
+    options = {key: plain(value) for key, value in asdict(config).items() if key not in OUTPUT_NEUTRAL_FIELDS}
+    return options | ({"page_timeout": page_timeout} if page_timeout_matters(config) else {})
 
 
-def config_hash(config: ConvertConfig) -> str:
-    canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config)}, sort_keys=True)
+def config_hash(config: ConvertConfig, page_timeout: float) -> str:
+    canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config, page_timeout)}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

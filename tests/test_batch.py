@@ -89,6 +89,8 @@ def test_a_hanging_page_times_out_and_the_run_ends(docs_dir, tmp_path, monkeypat
     document = json.loads((tmp_path / "b" / "report.json").read_text())
     assert document["pages"][1]["flags"] == ["failed", "timeout"]
     assert document["pages"][0]["blocks"], "the page before the hang is kept"
+    line = "failed (the page ran past --page-timeout and its worker was stopped); the page is left empty"
+    assert document["pages"][1]["notice"] == line and f"report.pdf: page 2: {line}" in lenient.stderr
 
 
 def test_document_timeout_fires(docs_dir, tmp_path, monkeypatch):
@@ -112,6 +114,25 @@ def test_a_worker_that_dies_on_a_page_is_replaced_and_the_page_lost_only_the_sec
     document = json.loads((tmp_path / "out" / "report.json").read_text())
     assert document["pages"][1]["flags"] == ["failed", "crash"]
     assert document["pages"][0]["blocks"], "the page before the crash is kept"
+    assert "report.pdf: page 2: failed (the worker died on this page twice); the page is left empty" in result.stderr
+
+
+def test_a_page_whose_draft_raises_fails_with_its_exception_in_the_json_the_manifest_and_stderr(docs_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HSD_DEBUG_RAISE", "report.pdf:2")
+    line = "failed (the draft stage raised RuntimeError: HSD_DEBUG_RAISE on the draft stage); the page is left empty"
+    lenient = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "a", "--max-page-error-rate", "0.5", "--debug")
+    assert lenient.exit_code == 0, lenient.stderr
+    page = json.loads((tmp_path / "a" / "report.json").read_text())["pages"][1]
+    assert page["flags"] == ["failed", "error"] and page["notice"] == line
+    assert f"report.pdf: page 2: {line}" in lenient.stderr
+    assert "Traceback" in lenient.stderr and "debug_fault" in lenient.stderr, "--debug shows where it raised"
+    assert f"page 2: {line}" in _manifest(tmp_path / "a")[-1]["warnings"]
+    # Above --max-page-error-rate the document fails, and still says why.
+    strict = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "b", "--json")
+    assert strict.exit_code == 1 and "RuntimeError: HSD_DEBUG_RAISE" in json.loads(strict.stdout)["documents"][0]["error"]
+    assert "Traceback" not in strict.stderr and f"report.pdf: page 2: {line}" in strict.stderr
+    record = _manifest(tmp_path / "b")[-1]
+    assert record["status"] == "failed" and "RuntimeError: HSD_DEBUG_RAISE" in record["error"]
 
 
 def test_sigkill_mid_run_then_rerun_loses_and_duplicates_nothing(corpus, tmp_path):

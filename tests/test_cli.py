@@ -84,7 +84,7 @@ def test_outputs_mirror_tree_with_page_markers_and_json_schema(converted):
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("<!-- page 1 -->") and "<!-- page 2 -->" in markdown
     document = json.loads((out / "report.json").read_text())
-    assert (document["schema"], document["schema_version"]) == ("hsd.document", 1)
+    assert (document["schema"], document["schema_version"]) == ("hsd.document", 2)
     assert len(document["source"]["sha256"]) == 64 and document["page_count"] == 2
     assert [p["page"] for p in document["pages"]] == [1, 2]
     assert "timings" not in document["pages"][0]  # wall-clock times live in the manifest

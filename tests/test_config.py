@@ -1,6 +1,9 @@
+from dataclasses import fields, replace
+
 import pytest
 
-from hsd_cli.config import ConvertConfig, UsageError, parse_page_ranges, select_pages
+from hsd_cli.config import ConvertConfig, DraftBackendName, ImageMode, Stages, UsageError, parse_page_ranges, select_pages
+from hsd_cli.tasks import OUTPUT_NEUTRAL_FIELDS, config_hash, output_config
 
 
 def test_page_ranges_parse_singles_spans_and_open_ends():
@@ -22,3 +25,38 @@ def test_select_pages_clips_to_the_document_and_deduplicates():
 def test_config_rejects_out_of_range_dpi(tmp_path):
     with pytest.raises(UsageError):
         ConvertConfig(output_dir=tmp_path, dpi=5)
+
+
+def _a_different_value(name, value, tmp_path):
+    """Another valid value of a ConvertConfig field, to see whether the hash notices it."""
+    others = {
+        "pages": "2", "dpi": 200, "max_pixels": 2_000_000, "draft_backend": DraftBackendName.OCR,
+        "draft_json_dir": tmp_path / "drafts", "images": ImageMode.NONE, "page_markers": True,
+        "stages": Stages.PAGE, "model": "another/model", "device": "cpu", "dtype": "float32",
+        "max_new_tokens": 100, "baseline": True, "profile": "h100",
+    }
+    assert others[name] != value, name
+    return others[name]
+
+
+def test_every_option_that_can_change_output_bytes_is_hashed_and_in_the_json_config(tmp_path):
+    """A new ConvertConfig field must be hashed for resume (and shown in the JSON's `config`) or be
+    declared output-neutral; this test fails on one that is neither."""
+    base = ConvertConfig(output_dir=tmp_path, model="some/model")
+    shown = output_config(base, page_timeout=600.0)
+    for field in fields(ConvertConfig):
+        if field.name in OUTPUT_NEUTRAL_FIELDS:
+            assert field.name not in shown
+            continue
+        assert field.name in shown, f"{field.name}: neither hashed nor declared output-neutral"
+        changed = replace(base, **{field.name: _a_different_value(field.name, getattr(base, field.name), tmp_path)})
+        assert config_hash(changed, 600.0) != config_hash(base, 600.0), field.name
+
+
+def test_the_page_timeout_is_hashed_where_the_planner_can_leave_a_page_to_its_draft(tmp_path):
+    planned = ConvertConfig(output_dir=tmp_path, model="some/model")  # --stages auto
+    assert config_hash(planned, 600.0) != config_hash(planned, 60.0)
+    assert output_config(planned, 60.0)["page_timeout"] == 60.0
+    for unplanned in (ConvertConfig(output_dir=tmp_path), ConvertConfig(output_dir=tmp_path, model="m", stages=Stages.PAGE)):
+        assert config_hash(unplanned, 600.0) == config_hash(unplanned, 60.0)
+        assert "page_timeout" not in output_config(unplanned, 60.0)

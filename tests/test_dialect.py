@@ -292,8 +292,11 @@ def test_an_outputs_front_matter_is_split_off_as_plain_values():
     assert text == "The harvest came early."
     assert fields == {"primary_language": "en", "is_rotation_valid": True, "rotation_correction": 0,
                       "is_table": False, "is_diagram": False}
-    assert split_front_matter("---\nprimary_language: null\ndate: 2024-01-02\n---")  == ({"primary_language": None, "date": "2024-01-02"}, "")
-    for untouched in ("No front matter here.", "---\nprimary_language: en\nis_rot", "---\n[unclosed\n---\nText", "---\n- a list\n---\nText"):
+    assert split_front_matter("---\nprimary_language: null\nis_table: 2024-01-02\n---") == ({"primary_language": None, "is_table": "2024-01-02"}, "")
+    # A leading block that is not olmOCR's is the page's text (a form, another model's Markdown).
+    for untouched in ("No front matter here.", "---\nprimary_language: en\nis_rot", "---\n[unclosed\n---\nText",
+                      "---\n- a list\n---\nText", "---\nName: John Smith\n---\nText", "---\n{}\n---\nText",
+                      "---\nprimary_language: en\ntitle: Report\n---\nText"):
         assert split_front_matter(untouched) == (None, untouched)
 
 
@@ -316,7 +319,9 @@ def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(
     assert stats["front_matter"]["primary_language"] == "en" and stats["dialect"]["front_matter"] == "olmocr"
     assert seen_drafts[0][0].startswith("---\nprimary_language: en\n")
     blank = _vlm_page(model, image, ())  # olmOCR's blank page: front matter alone
-    assert blank.text is None and "empty" in blank.flags and blank.stats.front_matter["primary_language"] is None
+    # An empty reading of a page without text is a reading: the page is written empty, unflagged.
+    assert blank.text == "" and blank.flags == ("vlm",) and blank.notice is None
+    assert blank.stats.front_matter["primary_language"] is None
     assert seen_drafts[1][0].startswith("---\nprimary_language: null\n")
 
 

@@ -22,10 +22,11 @@ def test_vlm_page_output_is_the_answer_and_equals_plain_decoding(stages, tiny_mo
     )
     assert result.exit_code == 0, result.stderr
     page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
-    assert page["text_source"] == "model" and "vlm" in page["flags"] and "model_output" not in page
+    assert page["text_source"] == "model" and "vlm" in page["flags"]
     assert page["stats"]["baseline"]["identical"], "speculative output must equal plain decoding"
     assert page["stats"]["page"]["new_tokens"] == 24 and page["stats"]["stop_reason"] == "budget"
-    assert "truncated" in page["flags"]
+    assert "truncated" in page["flags"] and "token budget (24 tokens)" in page["notice"]
+    assert f"report.pdf: page 1: {page['notice']}" in result.stderr
     assert ("regions" in page["stats"]) == (stages != "page")
     assert page["blocks"] and all(b["source"] == "pdf-text" for b in page["blocks"]), "drafts stay in the JSON"
     assert (tmp_path / "report.md").read_text().strip() == page["markdown"]
@@ -118,32 +119,65 @@ def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_pa
     pages = json.loads((tmp_path / "report.json").read_text())["pages"]
     assert pages[0]["flags"] == ["fallback", "timeout"] and pages[0]["text_source"] == "draft"
     assert fixtures.TITLE in pages[0]["markdown"], "the draft text stands in for the page"
+    assert "report.pdf: page 1: the page ran past --page-timeout and its worker was stopped; the draft stands in" in result.stderr
     assert pages[1]["text_source"] == "model", "the next page still goes through the VLM"
 
 
-def test_an_empty_model_page_falls_back_to_its_draft_and_keeps_what_the_model_said(tiny_model, docs_dir, tmp_path):
+def _constant_model(tiny_model, directory, stops_on_it):
+    """The tiny model with its output head zeroed: every logit ties and greedy takes token 0,
+    <|endoftext|>. Where `stops_on_it` (as real Qwen2.5 configs do) it says nothing; else it
+    writes token 0 for ever, a loop."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    silent = shutil.copytree(tiny_model, tmp_path / "silent")
-    weights = load_file(silent / "model.safetensors")
-    # Every logit 0: greedy takes token 0, <|endoftext|>, which real Qwen2.5 configs also stop on.
+    model = shutil.copytree(tiny_model, directory)
+    weights = load_file(model / "model.safetensors")
     weights["lm_head.weight"].zero_()
-    save_file(weights, silent / "model.safetensors", metadata={"format": "pt"})
-    generation = json.loads((silent / "generation_config.json").read_text())
-    generation["eos_token_id"] = [generation["eos_token_id"], generation["pad_token_id"]]
-    (silent / "generation_config.json").write_text(json.dumps(generation))
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    if stops_on_it:
+        generation = json.loads((model / "generation_config.json").read_text())
+        generation["eos_token_id"] = [generation["eos_token_id"], generation["pad_token_id"]]
+        (model / "generation_config.json").write_text(json.dumps(generation))
+    return model
+
+
+def test_an_empty_model_reading_is_an_empty_page_not_the_draft(tiny_model, docs_dir, tmp_path):
+    silent = _constant_model(tiny_model, tmp_path / "silent", stops_on_it=True)
     result = run_hsd(
         "convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", silent, "--stages", "page",
         "--pages", "1", "--json",
     )
     assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["documents"][0]["status"] == "ok"
+    page = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]
+    assert page["flags"] == ["vlm", "empty"] and page["text_source"] == "model" and page["markdown"] == ""
+    assert (tmp_path / "out" / "report.md").read_text().strip() == ""
+    assert fixtures.TITLE in " ".join(block["text"] for block in page["blocks"]), "the draft stays in the JSON"
+    assert "report.pdf: page 1: the model read nothing on this page; it is written empty" in result.stderr
+
+
+def test_a_looping_model_keeps_its_reading_up_to_the_loop_and_the_draft_completes_the_page(tiny_model, docs_dir, tmp_path):
+    from hsd_cli.decoding.repetition import REPETITION_SPAN
+    from hsd_cli.output.markdown import DRAFT_FOLLOWS
+
+    looping = _constant_model(tiny_model, tmp_path / "looping", stops_on_it=False)
+    budget = REPETITION_SPAN + 40
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", looping, "--stages", "page",
+        "--pages", "1", "--max-new-tokens", budget, "--baseline", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["documents"][0]["status"] == "degraded"
     page = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]
-    assert page["flags"] == ["vlm", "fallback", "empty"] and page["text_source"] == "draft"
-    assert fixtures.TITLE in page["markdown"], "the draft text stands in for the page"
-    assert page["model_output"] == ""
+    assert page["flags"] == ["vlm", "fallback", "repetition"] and page["text_source"] == "model+draft"
+    assert page["stats"]["repetition"] == {"start": 0, "unit": 1, "stop": REPETITION_SPAN}
+    # The reading before the loop is empty (token 0 is a special token), so the whole draft follows.
+    assert page["markdown"].startswith(DRAFT_FOLLOWS) and fixtures.TITLE in page["markdown"]
+    # The baseline runs generate without the guard: identical as far as hsd went, cut by the guard.
+    baseline = page["stats"]["baseline"]
+    assert baseline["identical"] and baseline["guard_stopped_at"] == REPETITION_SPAN and baseline["forwards"] == budget
+    assert "report.pdf: page 1: the model looped (a 1-token unit repeated from output token 0)" in result.stderr
 
 
 def test_figure_text_drafts_the_page_without_a_region_pass_and_furniture_drafts_nothing():
@@ -258,3 +292,16 @@ def test_a_plain_reading_is_projected_as_one_forward_per_token(tiny_model, docs_
     arms = report["kinds"]["born_digital"]
     assert arms["auto"]["projected"]["decode_s"] == pytest.approx(arms["ar"]["projected"]["decode_s"])
     assert arms["ar"]["projected"]["decode_s"] == pytest.approx(arms["ar"]["pages"] * (0.05 + 15 * 0.01), abs=1e-6)
+
+
+def test_a_page_whose_vlm_stage_raises_keeps_its_draft_and_says_why(tiny_model, docs_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HSD_DEBUG_RAISE", "report.pdf:1:vlm")
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", "page",
+        "--pages", "1", "--max-new-tokens", "8", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
+    assert page["flags"] == ["fallback", "vlm_error"] and page["text_source"] == "draft"
+    line = "the model failed (RuntimeError: HSD_DEBUG_RAISE on the vlm stage); the draft stands in"
+    assert page["notice"] == line and f"report.pdf: page 1: {line}" in result.stderr

@@ -176,7 +176,7 @@ def bench_pages(
                     totals[kind][arm].add(run, identical, projected)
                     verified = run.done.plan is None or run.done.plan.chosen != "plain"
                     tau = run.done.read.result.stats.tau if verified and arm != "ar" else None
-                    so_far[arm] = so_far[arm].then(kind, run.done.read.outcome()[0], tau)
+                    so_far[arm] = so_far[arm].then(kind, None if run.done.read.result.loop else run.done.read.text, tau)
                     row["arms"][arm] = {"forwards": run.forwards, "new_tokens": run.new_tokens,
                                         "decode_s": round(run.decode_s, 3), "identical": identical}
                     if run.done.plan is not None:

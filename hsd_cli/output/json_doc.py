@@ -9,7 +9,7 @@ from typing import Any
 from hsd_cli.records import Block, DocumentResult, PageResult
 
 SCHEMA_NAME = "hsd.document"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: page `notice`, text_source `model+draft`, no `model_output`
 
 
 def block_json(block: Block, image_ref: str | None) -> dict[str, Any]:
@@ -41,15 +41,14 @@ def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str 
         "origin": "top-left",
         "draft_backend": page.backend,
         "flags": list(page.flags),
-        "text_source": "model" if page.text is not None else "draft",
+        "text_source": "draft" if page.text is None else "model" if page.draft_from is None else "model+draft",
         "markdown": markdown,
         "blocks": [block_json(b, image_ref(b)) for b in page.blocks],
         # Counts only: wall-clock timings live in the run manifest, so identical runs give identical bytes.
         "stats": page.stats.as_json() if page.stats else None,
     }
-    if page.rejected_text is not None:
-        # What the model said where hsd kept the draft (flags say why): for users checking a fallback.
-        record["model_output"] = page.rejected_text
+    if page.notice is not None:
+        record["notice"] = page.notice  # why the page is not the model's full reading (also on stderr)
     return record
 
 

@@ -23,12 +23,14 @@ def block_markdown(block: Block, image_ref: str | None) -> str:
             return block.text
 
 
-def page_markdown(page: PageResult, image_ref: Callable[[Block], str | None]) -> str:
-    if page.text is not None:
-        return page.text  # the VLM's page output is the answer; the draft blocks were its drafts
+# Where a reading the model broke off (it looped) ends and the draft of the rest of the page begins.
+DRAFT_FOLLOWS = "<!-- hsd: the model's reading broke off here (it looped); the rest of this page is the draft -->"
+
+
+def blocks_markdown(blocks: tuple[Block, ...], image_ref: Callable[[Block], str | None]) -> str:
     out: list[str] = []
     previous: BlockKind | None = None
-    for block in page.blocks:
+    for block in blocks:
         text = block_markdown(block, image_ref(block)) if block.kind not in _FURNITURE else ""
         if not text.strip():
             continue
@@ -37,6 +39,15 @@ def page_markdown(page: PageResult, image_ref: Callable[[Block], str | None]) ->
         out.append(text)
         previous = block.kind
     return "".join(out)
+
+
+def page_markdown(page: PageResult, image_ref: Callable[[Block], str | None]) -> str:
+    if page.text is None:
+        return blocks_markdown(page.blocks, image_ref)
+    if page.draft_from is None:
+        return page.text  # the VLM's page output is the answer; the draft blocks were its drafts
+    rest = blocks_markdown(page.blocks[page.draft_from :], image_ref)
+    return "\n\n".join(part for part in (page.text, DRAFT_FOLLOWS, rest) if part)
 
 
 def document_markdown(

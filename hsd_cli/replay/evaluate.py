@@ -91,9 +91,8 @@ def evaluate_converted(model_dir: Path, out_dir: Path) -> dict:
         scores.append(char_accuracy(page["markdown"].strip(), example.target))
         from_model = page.get("text_source") == "model"
         model_pages += from_model
-        model_output = page["markdown"] if from_model else page.get("model_output")
-        if model_output is not None:
-            model_scores.append(char_accuracy(model_output.strip(), example.target))
+        if from_model:
+            model_scores.append(char_accuracy(page["markdown"].strip(), example.target))
     return {
         "pages": len(scores),
         "missing": missing,

@@ -63,6 +63,11 @@ _OLMOCR_FRONT_MATTER = (
     "is_table: {table}\nis_diagram: False\n---\n"
 )
 _FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---(?:\n|\Z)", re.DOTALL)
+# The keys olmOCR's front matter has: a leading block with any other key is the page's text
+# (a form's `---\nName: John Smith\n---`), which other models of the family write as it is.
+OLMOCR_FRONT_MATTER_KEYS = frozenset(
+    ("primary_language", "is_rotation_valid", "rotation_correction", "is_table", "is_diagram")
+)
 # The language olmOCR names for a page in a script (ISO 639-1); Latin script is taken as English.
 _SCRIPT_LANGUAGES = {
     "LATIN": "en", "CJK": "zh", "HANGUL": "ko", "ARABIC": "ar", "CYRILLIC": "ru", "GREEK": "el",
@@ -196,8 +201,9 @@ def front_matter_drafts(blocks: tuple[Block, ...], settings: ModelSettings) -> l
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str]:
-    """An output's leading YAML front matter as plain JSON values (None where it has none, or no
-    YAML mapping, as when decoding stopped inside it) and the text after it."""
+    """An output's leading olmOCR front matter as plain JSON values and the text after it; (None,
+    text) where it has none: no YAML mapping (as when decoding stopped inside it), or a key that
+    is not one of olmOCR's."""
     match = _FRONT_MATTER.match(text)
     if not match:
         return None, text
@@ -205,7 +211,7 @@ def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str]:
         fields = yaml.safe_load(match.group(1))
     except yaml.YAMLError:
         return None, text
-    if not isinstance(fields, dict):
+    if not isinstance(fields, dict) or not fields or not set(map(str, fields)) <= OLMOCR_FRONT_MATTER_KEYS:
         return None, text
     plain = (str, int, float, bool, type(None))
     return {str(key): value if isinstance(value, plain) else str(value) for key, value in fields.items()}, text[match.end():].strip()

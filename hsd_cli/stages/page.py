@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeResult, DecodeStats, decode
+from hsd_cli.decoding import DecodeResult, DecodeStats, decode, repetition_stop
+from hsd_cli.decoding.loop import decode_result
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.stages.dialect import split_front_matter
 from hsd_cli.stats import BaselineCheck, RotationReads
@@ -42,15 +43,6 @@ class PageRead:
     @property
     def rotation_reads(self) -> RotationReads | None:
         return RotationReads(self.rotation, self.reads, self.earlier_forwards) if self.reads > 1 else None
-
-    def outcome(self) -> tuple[str | None, str | None, tuple[str, ...]]:
-        """(text, rejected text, flags): an unusable output (looping, or empty) gives no text and
-        is kept as rejected; the draft stands in for it."""
-        flags: tuple[str, ...] = ("rotated",) if self.rotation else ()
-        stop = self.result.stop_reason
-        if stop == "repetition" or not self.text:
-            return None, self.text, flags + ("fallback", "repetition" if stop == "repetition" else "empty")
-        return self.text, None, flags + (("truncated",) if stop == "budget" else ())
 
 
 def rotation_correction(front_matter: dict[str, Any] | None) -> int:
@@ -81,8 +73,9 @@ def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSetti
         tokens = model.target.generate_plainly(turned, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
         # After the prefill's token, one forward of one node per token: the shapes a profile prices.
         stats = DecodeStats(forwards=len(tokens), new_tokens=len(tokens), steps=[(1, 1, i) for i in range(1, len(tokens))])
-        stop = "budget" if len(tokens) >= config.max_new_tokens else "eos"  # a guard's stop reads as eos
-        return DecodeResult(tokens, stats, stop, model.target.decode(tokens))
+        looped = config.repetition_guard and repetition_stop(tokens) == len(tokens)
+        stop = "repetition" if looped else "budget" if len(tokens) >= config.max_new_tokens else "eos"
+        return decode_result(model.target, tokens, stats, stop)
 
     return upright_read(picture, settings, read)
 
@@ -107,13 +100,19 @@ def upright_read(picture: Image.Image, settings: ModelSettings, read: Callable[[
 
 def baseline_check(model: VlmModel, read: PageRead) -> BaselineCheck:
     """The same picture decoded with transformers' own generate (same model, dtype and cache: the
-    baseline a user would otherwise run), compared token by token with the page stage's output."""
+    baseline a user would otherwise run) without hsd's repetition guard, compared token by token
+    with the page stage's output; where the guard stopped hsd's output, as far as it went."""
     config = model.decode_config
-    plain = model.target.generate_plainly(read.picture, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
+    plain = model.target.generate_plainly(read.picture, model.settings.page_prompt, config.max_new_tokens)
     tokens = read.result.tokens
+    guard_cut = read.result.stop_reason == "repetition" and len(plain) > len(tokens)
+    compared = plain[: len(tokens)] if guard_cut else plain
     # Exact in fp32; in bf16 a near-tie can flip, so report where instead of asserting.
     divergence = next(
-        (i for i, (a, b) in enumerate(zip(plain, tokens)) if a != b),
-        None if len(plain) == len(tokens) else min(len(plain), len(tokens)),
+        (i for i, (a, b) in enumerate(zip(compared, tokens)) if a != b),
+        None if len(compared) == len(tokens) else min(len(compared), len(tokens)),
     )
-    return BaselineCheck(identical=divergence is None, first_divergence=divergence, forwards=len(plain))
+    return BaselineCheck(
+        identical=divergence is None, first_divergence=divergence, forwards=len(plain),
+        guard_stopped_at=len(tokens) if guard_cut else None,
+    )

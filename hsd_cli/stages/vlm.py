@@ -13,9 +13,6 @@ from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.profiles import Profile, load_profile, profile_name
 from hsd_cli.replay.fingerprint import replay_fingerprint_check
 
-# Flag of a page that a replay model (a benchmark stand-in) was not built on.
-OUTSIDE_REPLAY_SET = "outside_replay_set"
-
 
 @dataclass(frozen=True)
 class VlmOptions:
