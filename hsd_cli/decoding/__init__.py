@@ -9,7 +9,7 @@ Knows nothing about PDFs or OCR. Typical use:
 """
 
 from .hf_adapter import HFTarget, UnsupportedTransformersError, check_cache_layout, load_target
-from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, decode_many, make_proposer
+from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, decode_many, decode_result, make_proposer
 from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
 from .repetition import RepetitionLoop, find_repetition, repetition_stop
 from .stats import DecodeStats
@@ -32,6 +32,7 @@ __all__ = [
     "decode",
     "decode_batch",
     "decode_many",
+    "decode_result",
     "find_repetition",
     "load_target",
     "inside_tex_math",

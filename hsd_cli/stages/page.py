@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeResult, DecodeStats, decode, repetition_stop
-from hsd_cli.decoding.loop import decode_result
+from hsd_cli.decoding import DecodeResult, DecodeStats, decode, decode_result, repetition_stop
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.stages.dialect import split_front_matter
 from hsd_cli.stats import BaselineCheck, RotationReads

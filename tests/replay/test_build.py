@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from hsd_cli.decoding import decode, load_target
 from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_random, build_tiny_tokenizer
-from hsd_cli.replay import replay_app, replay_fingerprint_check
 from hsd_cli.replay import build as replay_build
+from hsd_cli.replay import replay_app, replay_fingerprint_check
 from hsd_cli.replay import train as replay_train
 from hsd_cli.replay.build import BuildRequest, build, default_model_dir
 from hsd_cli.replay.dataset import DATA_DIR, load_examples
@@ -24,6 +24,8 @@ from hsd_cli.replay.train import annealed_rate, head_batch_order, openings_end
 from hsd_cli.replay.train_config import TrainConfig, available_cpus
 from hsd_cli.stages.rasterize import render_page
 from tests.conftest import run_hsd
+
+from .two_pages import build_two_page_model
 
 
 def _request(
@@ -73,31 +75,10 @@ def test_a_small_build_on_a_given_tokenizer_reproduces_its_pages_and_convert_tak
     reproduces both (stop reason "done"), the saved model spans the whole tokenizer, and
     `hsd convert --stages page` takes exactly the forwards `hsd bench acceptance` computes for
     arm `page` from the published pages (fp32)."""
-    for folder in ("in", "out"):
-        (tmp_path / folder).mkdir()
     # The outputs write more than the text layer has, so the drafts are partly accepted.
     layers = ("Alpha beta gamma.", "Delta epsilon zeta.")
     outputs = ("# Alpha beta gamma.\n\nOne two three four.", "Delta epsilon zeta, eta.\n\nFive six.")
-    with pymupdf.open() as doc:
-        for page_no, (layer, output, (width, height)) in enumerate(zip(layers, outputs, ((300, 150), (200, 400))), start=1):
-            page = doc.new_page(width=width, height=height)
-            page.insert_text((40, 80), layer, fontsize=20)
-            if page_no == 2:
-                page.draw_rect(pymupdf.Rect(0, 150, width, height), color=(0, 0, 0), fill=(0, 0, 0))
-            (tmp_path / "out" / f"pages_pg{page_no}_repeat1.md").write_text(output + "\n")
-        doc.save(tmp_path / "in" / "pages.pdf")
-    tokenizer = build_tiny_tokenizer(QWEN_TOKENS, 2000)
-    tokenizer.save_pretrained(tmp_path / "tokenizer")
-    train = TrainConfig(seed=3, max_steps=300, warmup_steps=5, learning_rate=3e-3, opening_steps=30, threads=min(2, available_cpus()))
-    request = BuildRequest(
-        outputs_dir=tmp_path / "out", inputs_dir=tmp_path / "in", model_dir=tmp_path / "model", name="two-pages",
-        licence="CC0 (test)", shape=TINY_SHAPE, tokenizer=str(tmp_path / "tokenizer"), train=train, evaluate=True,
-    )
-    threads = torch.get_num_threads()
-    try:
-        record = build(request)
-    finally:
-        torch.set_num_threads(threads)
+    record, tokenizer = build_two_page_model(tmp_path, layers, outputs, evaluate=True)
     assert record["training"]["stop_reason"] == "done" and record["training"]["exact_examples"] == 2
     assert record["eval"]["pages"] == 2 and record["eval"]["exact_pages"] == 2
     assert record["eval"]["page_char_accuracy"] == 1.0
