@@ -123,6 +123,18 @@ def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_pa
     assert pages[1]["text_source"] == "model", "the next page still goes through the VLM"
 
 
+def test_a_vlm_page_that_kills_its_worker_twice_keeps_its_draft_and_says_why(tiny_model, docs_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HSD_DEBUG_CRASH", "report.pdf:1:vlm")
+    result = run_hsd(
+        "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", "page",
+        "--pages", "1", "--max-new-tokens", "8", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
+    assert page["flags"] == ["fallback", "crash"] and page["text_source"] == "draft"
+    assert "report.pdf: page 1: the worker died on this page twice; the draft stands in" in result.stderr
+
+
 def _constant_model(tiny_model, directory, stops_on_it):
     """The tiny model with its output head zeroed: every logit ties and greedy takes token 0,
     <|endoftext|>. Where `stops_on_it` (as real Qwen2.5 configs do) it says nothing; else it
