@@ -99,8 +99,8 @@ class PageDraft:
     blocks: tuple[Block, ...]
     backend: str  # the backend that actually ran (auto resolves to pdf-text or ocr)
     seconds: float
-    # Why the draft came from OCR of the rendering although the backend would have read the text
-    # layer (its analysis or text extraction raised: "FzErrorFormat: ..."); None where it did not.
+    # Why the draft is degraded: it came from OCR of the rendering because reading the text layer
+    # raised ("FzErrorFormat: ..."), or its layout left out the page's vector paths; else None.
     degraded_reason: str | None = None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Protocol
@@ -11,7 +12,8 @@ from pymupdf4llm.helpers.utils import analyze_page
 
 from hsd_cli.config import ConvertConfig, DraftBackendName
 from hsd_cli.records import Block, PageDraft
-from hsd_cli.stages.draft.ocr import OcrDraft
+from hsd_cli.stages.draft.layout import MAX_LAYOUT_DRAWINGS, drawings_beyond_layout
+from hsd_cli.stages.draft.ocr import OcrDraft, RenderingOcr
 from hsd_cli.stages.draft.paddle import PaddleDraft, PaddleJsonDraft
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.draft.tables import plausible_table_block
@@ -19,6 +21,9 @@ from hsd_cli.stages.draft.tables import plausible_table_block
 
 class DraftBackend(Protocol):
     name: str
+    # Where reading the page's own content (text layer, images, drawings) raises, OCR of its
+    # rendering alone stands in; None where the backend reads nothing else of the page.
+    rendering_ocr: RenderingOcr | None
 
     def blocks(self, page: pymupdf.Page) -> list[Block]: ...
 
@@ -30,9 +35,10 @@ class AutoDraft:
 
     name = "auto"
 
-    def __init__(self, text: DraftBackend, ocr: DraftBackend) -> None:
+    def __init__(self, text: DraftBackend, ocr: OcrDraft) -> None:
         self.text = text
         self.ocr = ocr
+        self.rendering_ocr = ocr.rendering_ocr
 
     def run(self, page: pymupdf.Page) -> tuple[str, list[Block]]:
         if not analyze_page(page).get("needs_ocr", False):
@@ -48,7 +54,7 @@ class AutoDraft:
 def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBackend:
     match config.draft_backend:
         case DraftBackendName.PDF_TEXT:
-            return PdfTextDraft()
+            return PdfTextDraft(RenderingOcr(config.dpi, config.max_pixels))
         case DraftBackendName.OCR:
             return OcrDraft(config.dpi, config.max_pixels)
         case DraftBackendName.PADDLEOCR if config.draft_json_dir is not None:
@@ -59,13 +65,44 @@ def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBacken
             return AutoDraft(PdfTextDraft(), OcrDraft(config.dpi, config.max_pixels, keep_text_layer=True))
 
 
+# MuPDF's errors say "code=7: unknown image file format"; the code means nothing to a reader.
+_MUPDF_CODE = re.compile(r"^code=\d+: ")
+
+# The backends whose blocks come from the layout model over the page (auto resolves to one of them).
+_LAID_OUT = (PdfTextDraft.name, OcrDraft.name)
+
+
 def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
+    """The page's draft. Where reading the page raises (an image MuPDF cannot decode, say), OCR of
+    its rendering stands in and `degraded_reason` says why; so it does where the layout left out
+    the page's vector paths. An error of that OCR itself propagates."""
     started = time.perf_counter()
-    name, blocks = backend.run(page) if isinstance(backend, AutoDraft) else (backend.name, backend.blocks(page))
+    try:
+        name, blocks = backend.run(page) if isinstance(backend, AutoDraft) else (backend.name, backend.blocks(page))
+    except Exception as exc:  # noqa: BLE001 - MuPDF raises many kinds on broken content; the rendering still reads
+        if backend.rendering_ocr is None:
+            raise
+        name, blocks = backend.rendering_ocr.name, backend.rendering_ocr.blocks(page)
+        reason = f"text layer unreadable ({_one_line(exc)}); OCR of the rendering"
+    else:
+        reason = _drawings_left_out(page) if name in _LAID_OUT else None
     page_size = (page.rect.width, page.rect.height)
     return PageDraft(
         page_no=page.number + 1,
         blocks=tuple(plausible_table_block(block, page_size) for block in blocks),
         backend=name,
         seconds=time.perf_counter() - started,
+        degraded_reason=reason,
     )
+
+
+def _drawings_left_out(page: pymupdf.Page) -> str | None:
+    drawings = drawings_beyond_layout(page)
+    if not drawings:
+        return None
+    return f"{drawings:,} vector drawings, over the {MAX_LAYOUT_DRAWINGS:,} the layout reads: laid out without them"
+
+
+def _one_line(exc: Exception) -> str:
+    message = _MUPDF_CODE.sub("", " ".join(str(exc).split()))
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -99,6 +99,7 @@ class OcrDraft:
         self.dpi = dpi
         self.max_pixels = max_pixels
         self.keep_text_layer = keep_text_layer
+        self.rendering_ocr = RenderingOcr(dpi, max_pixels)
 
     def blocks(self, page: pymupdf.Page) -> list[Block]:
         # Unrotated, the rendering's coordinates are the ones text is written in.
@@ -106,10 +107,41 @@ class OcrDraft:
         if self.keep_text_layer:
             boxes = _ocr_around_text_layer(page, self.dpi)
         else:
-            lines = recognise_page(page, self.dpi, self.max_pixels)
-            replace_text_layer(page, lines)
-            boxes = [((r.x0, r.y0, r.x1, r.y1), score) for r, _, score in lines]
+            boxes = _ocr_in_place_of_text_layer(page, self.dpi, self.max_pixels)
         return layout_blocks(page, source=self.name, confidence=lambda bbox: _mean_score_inside(boxes, bbox))
+
+
+class RenderingOcr:
+    """OCR of a page's rendering and of nothing else of the page: the draft where reading the page's
+    own content (text layer, images, drawings) raises. The rendering becomes a page of its own, as
+    a scan is, so that neither the OCR nor the layout touches again what raised."""
+
+    name = OcrDraft.name
+
+    def __init__(self, dpi: int, max_pixels: int) -> None:
+        self.dpi = dpi
+        self.max_pixels = max_pixels
+
+    def blocks(self, page: pymupdf.Page) -> list[Block]:
+        scale = render_scale((page.rect.width, page.rect.height), self.dpi, self.max_pixels)
+        rendering = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), alpha=False)
+        with pymupdf.open() as scan:
+            scan_page = scan.new_page(width=page.rect.width, height=page.rect.height)
+            scan_page.insert_image(scan_page.rect, pixmap=rendering)
+            boxes = _ocr_in_place_of_text_layer(scan_page, self.dpi, self.max_pixels)
+            return layout_blocks(
+                scan_page,
+                source=self.name,
+                confidence=lambda bbox: _mean_score_inside(boxes, bbox),
+                page_no=page.number + 1,
+            )
+
+
+def _ocr_in_place_of_text_layer(page: pymupdf.Page, dpi: int, max_pixels: int) -> list[OcrLine]:
+    """OCR of the page's rendering, written into the page in place of its own text layer."""
+    lines = recognise_page(page, dpi, max_pixels)
+    replace_text_layer(page, lines)
+    return [((r.x0, r.y0, r.x1, r.y1), score) for r, _, score in lines]
 
 
 def _ocr_around_text_layer(page: pymupdf.Page, dpi: int) -> list[OcrLine]:

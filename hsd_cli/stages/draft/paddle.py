@@ -95,6 +95,7 @@ class PaddleJsonDraft:
     """Reads drafts that PP-StructureV3 computed elsewhere (`--draft-json DIR`)."""
 
     name = "paddleocr-json"
+    rendering_ocr = None  # reads result files only: no page content of its own to stand in for
 
     def __init__(self, results_dir: Path, stem: str) -> None:
         self.results_dir = results_dir
@@ -127,6 +128,7 @@ class PaddleDraft:
     """PP-StructureV3 run in-process; its models must already be on disk (no downloads here)."""
 
     name = "paddleocr"
+    rendering_ocr = None  # reads the page's rendering only
 
     def __init__(self, dpi: int) -> None:
         self.dpi = dpi

@@ -7,11 +7,15 @@ import pymupdf
 from hsd_cli.records import Block
 from hsd_cli.stages.draft.layout import layout_blocks
 from hsd_cli.stages.draft.math import with_math
+from hsd_cli.stages.draft.ocr import RenderingOcr
 from hsd_cli.stages.draft.rtl import logical_order
 
 
 class PdfTextDraft:
     name = "pdf-text"
+
+    def __init__(self, rendering_ocr: RenderingOcr | None = None) -> None:
+        self.rendering_ocr = rendering_ocr
 
     def blocks(self, page: pymupdf.Page) -> list[Block]:
         # Text from the file itself is what the author wrote: certain, hence confidence 1.
