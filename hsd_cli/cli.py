@@ -245,6 +245,7 @@ def convert(
     if not inputs and not listed:
         raise usage("no inputs", "give files, directories or globs, or --files-from FILE")
     options = vlm_options(convert_config)
+    reads_page = None
     if options is not None:
         if problem := _model_directory_problem(options.model):
             reporter.error(problem, "give a local model directory, or a hub id that is in the HF cache")
@@ -262,6 +263,9 @@ def convert(
             raise typer.Exit(ExitCode.USAGE) from None
         if not quiet:
             console.print(f"VLM: {model} ({family}), stages {stages.value}", highlight=False)
+        from hsd_cli.replay import replay_pages  # a benchmark stand-in reads only its own pages
+
+        reads_page = replay_pages(options.model)
 
     try:
         event_stream = sys.stdout if events == "-" else open(events, "a", encoding="utf-8") if events else None
@@ -269,7 +273,7 @@ def convert(
         raise usage(f"cannot write --events {events}: {exc.strerror}") from None
     try:
         code, summary = run_convert(
-            list(inputs or []), convert_config, run_config, reporter, EventLog(event_stream), listed
+            list(inputs or []), convert_config, run_config, reporter, EventLog(event_stream), listed, reads_page
         )
     except OutputLockedError as exc:
         reporter.error(str(exc), "wait for it to finish, or use another -o")

@@ -141,7 +141,7 @@ def vlm_read(
         if plan.chosen == "plain":
             read = plain_page_stage(model, image.image, settings)
             return VlmRead(settings, (), read, 0.0, time.perf_counter() - started, plan)
-        stages, wants_region = Stages(plan.chosen), plan.wants_region
+        stages, wants_region = Stages(plan.chosen), lambda block: block.id in plan.regions
     if stages is Stages.PACKED:
         # Region passes run inside the page stage's forwards: their seconds are the page's.
         regions, read = packed_stage(model, image, blocks, wants_region, settings)
@@ -278,10 +278,10 @@ def release_freed_memory() -> None:
             pass
 
 
-def _vlm_model(config: ConvertConfig) -> VlmModel | None:
+def _vlm_model(task: DocumentTask) -> VlmModel | None:
     """The model of the VLM stages, or None for a draft-only run, whose worker then never imports
     torch and transformers (180 MiB)."""
-    options = vlm_options(config)
+    options = vlm_options(task.config, task.reads_page)
     if options is None:
         return None
     from hsd_cli.stages.vlm import VlmModel
@@ -300,7 +300,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 DocStatus.SKIPPED, f"no page of --pages {config.pages} in this document ({pdf.page_count} pages)"
             )
         backend = make_draft_backend(config, task.doc.path.stem)
-        vlm = _vlm_model(config)
+        vlm = _vlm_model(task)
         warnings = [damage] if damage else []
         if pdf.is_repaired:
             warnings.append("the PDF was damaged and has been repaired")

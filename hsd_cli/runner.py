@@ -33,6 +33,10 @@ from hsd_cli.stats import DecodingTotals
 from hsd_cli.worker import Limits, ProcessWorker, Worker, WorkerPool, peak_rss_mib
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from PIL import Image
+
     from hsd_cli.ray_executor import RayExecutor
 
 
@@ -219,9 +223,13 @@ def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayE
 class BatchRun:
     """One `hsd convert` invocation over its documents, holding the output lock throughout."""
 
-    def __init__(self, config: ConvertConfig, run: RunConfig, reporter: Reporter, events: EventLog) -> None:
+    def __init__(
+        self, config: ConvertConfig, run: RunConfig, reporter: Reporter, events: EventLog,
+        reads_page: Callable[[Image.Image], bool] | None = None,
+    ) -> None:
         self.config = config
         self.run = run
+        self.reads_page = reads_page
         self.reporter = reporter
         self.events = events
         self.config_hash = config_hash(config, run.page_timeout)
@@ -254,6 +262,7 @@ class BatchRun:
             checkpoint_dir=checkpoints,
             max_page_error_rate=self.run.max_page_error_rate,
             page_timeout=self.run.page_timeout,
+            reads_page=self.reads_page,
         )
         self.events.emit("doc_started", input=str(doc.path))
         outcome = pool.convert(task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload))
@@ -340,9 +349,11 @@ def run_convert(
     reporter: Reporter,
     events: EventLog | None = None,
     listed: list[str] | None = None,
+    reads_page: Callable[[Image.Image], bool] | None = None,
 ) -> tuple[ExitCode, dict[str, Any]]:
     """Convert everything `inputs` (and the --files-from entries `listed`) name; the
-    OutputLockedError of a busy OUT propagates.
+    OutputLockedError of a busy OUT propagates. `reads_page`: which pages the model reads (a
+    replay model's), given to the page stage.
 
     A named path that does not exist is a failed input (status missing, exit code 1), also when
     nothing else is left to convert: exit code 3 means only that no directory or glob matched."""
@@ -364,7 +375,7 @@ def run_convert(
     if config.model is None and not reporter.quiet:
         reporter.warn("no VLM configured: converting with the draft pipeline only (name one with --model ID|DIR)")
     events.emit("run_started", documents=len(missing) + len(planned), output_dir=str(config.output_dir))
-    outcomes = BatchRun(config, run, reporter, events).execute(planned, missing)
+    outcomes = BatchRun(config, run, reporter, events, reads_page).execute(planned, missing)
     failed = any(outcome.status.is_failure for outcome in outcomes)
     code = ExitCode.SOME_FAILED if failed else ExitCode.OK
     summary = _summary(outcomes, started, code, config)

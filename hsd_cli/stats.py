@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
     from hsd_cli.decoding.repetition import RepetitionLoop
     from hsd_cli.decoding.stats import DecodeStats
-    from hsd_cli.records import Block
 
 
 def counts_json(stats: DecodeStats) -> dict[str, Any]:
@@ -84,9 +83,6 @@ class PagePlan:
     tau: float  # the acceptance the prediction assumed
     predicted_s: dict[str, float]  # every plan's predicted seconds (with its best region set)
     regions: tuple[str, ...] = ()  # the blocks the chosen plan gives a region pass
-
-    def wants_region(self, block: Block) -> bool:
-        return block.id in self.regions
 
     def as_json(self) -> dict[str, object]:
         return {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ from hsd_cli.records import DocStatus
 from hsd_cli.stats import DecodingTotals
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from hsd_cli.stages.vlm import VlmOptions
 
 
@@ -34,6 +37,7 @@ class DocumentTask:
     max_page_error_rate: float = 0.2
     page_timeout: float = 0.0  # seconds a page may take (0: none); the planner leaves a page it predicts far over to its draft
     lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
+    reads_page: Callable[[Image.Image], bool] | None = None  # a replay model's pages (VlmOptions.reads_page)
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def vlm_options(config: ConvertConfig) -> VlmOptions | None:
+def vlm_options(config: ConvertConfig, reads_page: Callable[[Image.Image], bool] | None = None) -> VlmOptions | None:
     if config.model is None or config.stages is Stages.DRAFT:
         return None
     from hsd_cli.stages.vlm import VlmOptions  # imports torch: only when a VLM will run
@@ -79,6 +83,7 @@ def vlm_options(config: ConvertConfig) -> VlmOptions | None:
         max_new_tokens=config.max_new_tokens,
         baseline=config.baseline,
         profile=config.profile,
+        reads_page=reads_page,
     )
 
 

@@ -5,8 +5,8 @@ outputs on known pages, so speculative decoding can be measured on realistic mod
     hsd replay-model eval MODEL_DIR|NAME [--converted CONVERT_OUT_DIR] --json
     hsd replay-model status MODEL_DIR|NAME --json
 
-The pipeline can call `replay_fingerprint_check(model_dir, page_image)` to warn when a replay
-model is given a page it was not built on.
+`hsd convert` gives the page stage `replay_pages(model_dir)`, the check of the pages a replay
+model was built on, to warn when it is given another page.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from hsd_cli.replay.fingerprint import replay_fingerprint_check
+from hsd_cli.replay.fingerprint import replay_pages
 from hsd_cli.replay.train_config import TrainConfig, available_cpus
 
-__all__ = ["replay_app", "replay_fingerprint_check"]
+__all__ = ["replay_app", "replay_pages"]
 
 replay_app = typer.Typer(
     help="Build and evaluate replay models (benchmark stand-ins for real OCR VLMs).",

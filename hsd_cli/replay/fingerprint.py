@@ -70,9 +70,19 @@ def _fingerprints(replay_file: Path) -> tuple[PageFingerprint, ...] | None:
     return tuple(PageFingerprint(**row) for row in rows)
 
 
-def replay_fingerprint_check(model_dir: str | Path, page_image: Image.Image) -> bool:
-    """False only when `model_dir` is a replay model and `page_image` (a rendered page, any dpi)
-    is none of its pages: the caller should then warn that the output is not a reading of the page.
-    True for every other model (hub ids, real model directories)."""
+@dataclass(frozen=True)
+class ReplayPages:
+    """The pages a replay model was built on, as the check `hsd convert` gives its page stage:
+    called with a rendered page (any dpi), False where the model recites another page."""
+
+    fingerprints: tuple[PageFingerprint, ...]
+
+    def __call__(self, page_image: Image.Image) -> bool:
+        return any(matches(page_image, page) for page in self.fingerprints)
+
+
+def replay_pages(model_dir: str | Path) -> ReplayPages | None:
+    """The pages of the replay model in `model_dir`; None for every other model (hub ids, real
+    model directories), which reads any page."""
     known = _fingerprints(Path(model_dir).resolve() / REPLAY_FILE)
-    return known is None or any(matches(page_image, page) for page in known)
+    return None if known is None else ReplayPages(known)

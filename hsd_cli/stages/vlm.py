@@ -3,6 +3,7 @@ model loaded once per worker."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -11,7 +12,6 @@ from PIL import Image
 from hsd_cli.decoding import DecodeConfig, UnsupportedTransformersError, check_cache_layout, load_target
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.profiles import Profile, load_profile, profile_name
-from hsd_cli.replay.fingerprint import replay_fingerprint_check
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class VlmOptions:
     max_new_tokens: int | None = None  # None: the family's setting
     baseline: bool = False  # also decode plainly, to measure the speedup
     profile: str | None = None  # the cost profile `--stages auto` plans with (None: the stored one of this model, if any)
+    # Does the model read this page? A replay model (a benchmark stand-in) recites only the pages it
+    # was built on; `hsd convert` gives its check. None: the model reads any page.
+    reads_page: Callable[[Image.Image], bool] | None = None
 
 
 class ModelUnavailableError(RuntimeError):
@@ -99,4 +102,4 @@ class VlmModel:
 
     def outside_replay_set(self, picture: Image.Image) -> bool:
         """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""
-        return not replay_fingerprint_check(self.options.model, picture)
+        return self.options.reads_page is not None and not self.options.reads_page(picture)

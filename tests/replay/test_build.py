@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import pickle
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from hsd_cli.decoding import decode, load_target
 from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_random, build_tiny_tokenizer
 from hsd_cli.replay import build as replay_build
-from hsd_cli.replay import replay_app, replay_fingerprint_check
+from hsd_cli.replay import replay_app, replay_pages
 from hsd_cli.replay import train as replay_train
 from hsd_cli.replay.build import BuildRequest, build, default_model_dir
 from hsd_cli.replay.dataset import DATA_DIR, load_examples
@@ -117,16 +118,17 @@ def test_eval_command_prints_the_scores_as_json(replay_model):
 def test_fingerprint_check_knows_its_pages_at_any_dpi(replay_model, replay_corpus, tmp_path):
     model_dir, _ = replay_model
     inputs, _ = replay_corpus
+    known = replay_pages(model_dir)
     with pymupdf.open(inputs / "report.pdf") as doc:
         for page in doc:
-            assert replay_fingerprint_check(model_dir, render_page(page, 150, 4_194_304).image)
-            assert replay_fingerprint_check(model_dir, render_page(page, 90, 4_194_304).image)
+            assert known(render_page(page, 150, 4_194_304).image)
+            assert known(render_page(page, 90, 4_194_304).image)
         other = pymupdf.open()
         other_page = other.new_page(width=595, height=842)
         other_page.insert_text((60, 100), "A page this model was never shown. " * 3, fontsize=14)
-        assert not replay_fingerprint_check(model_dir, render_page(other_page, 150, 4_194_304).image)
-    real_model = build_tiny_random("qwen2_5_vl", tmp_path / "not-a-replay-model")
-    assert replay_fingerprint_check(real_model, Image.new("RGB", (100, 140), "white")), "no warning for real models"
+        assert not known(render_page(other_page, 150, 4_194_304).image)
+    assert replay_pages(build_tiny_random("qwen2_5_vl", tmp_path / "not-a-replay-model")) is None, "real models read any page"
+    assert pickle.loads(pickle.dumps(known)) == known and hash(known), "it travels to workers and keys the model cache"
 
 
 def test_hsd_convert_runs_the_replay_model(replay_model, replay_corpus, tmp_path):
