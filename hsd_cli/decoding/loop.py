@@ -2,7 +2,7 @@
 accepted path in the cache, until EOS, the token budget or the repetition guard.
 
 Knows nothing about transformers: the target is anything with the `Target` methods (see
-`hf_adapter.HFTarget`). Several requests advance together, each with its own tree and length.
+`target.HFTarget`). Several requests advance together, each with its own tree and length.
 """
 
 from __future__ import annotations

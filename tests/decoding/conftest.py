@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hsd_cli.decoding.hf_adapter import load_target
+from hsd_cli.decoding.target import load_target
 from hsd_cli.models.tiny import TINY_FAMILIES, build_tiny_random
 
 

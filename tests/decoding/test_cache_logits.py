@@ -3,7 +3,8 @@ left-padded batch, every tree node's logits must equal the model's own forward o
 prompt + committed tokens + the node's path. A commit that keeps the wrong slots must fail this."""
 
 
-from hsd_cli.decoding.hf_adapter import HFTarget
+from hsd_cli.decoding import kv_cache
+from hsd_cli.decoding.target import HFTarget
 from hsd_cli.decoding.tree import TokenTree, batch_trees
 
 from .test_exactness import SAME_LOGITS, full_forward_logits
@@ -35,34 +36,37 @@ def path_tokens(tree: TokenTree, node: int) -> list[int]:
     return path[::-1]
 
 
-class CountingTarget(HFTarget):
-    """Counts the gathers of accepted nodes and the compactions, and compacts after every commit."""
+# The cache edits as they are, wrapped by the tests below.
+GATHER_KEPT, COMPACT = kv_cache.gather_kept, kv_cache.compact
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.gathers = self.compactions = 0
 
-    def _gather_new_slots(self, state, old_len, index):
-        self.gathers += 1
-        super()._gather_new_slots(state, old_len, index)
-
-    def _compact(self, state):
-        self.compactions += 1
-        assert (~state.slot_valid).any(), "compaction with no padding to squeeze out tests nothing"
-        super()._compact(state)
+class CompactingTarget(HFTarget):
+    """Compacts the cache after every commit that leaves padding."""
 
     def commit(self, state, width, kept_nodes):
         super().commit(state, width, kept_nodes)
         if (~state.slot_valid).any():
-            self._compact(state)
+            kv_cache.compact(state, self.device)
 
 
-class WrongSlotsTarget(CountingTarget):
-    """Keeps the entry of the node after each accepted node (an off-by-one gather). Reordering the
-    right entries would not be wrong: attention does not care where a rotated key sits."""
+def counted_cache_edits(monkeypatch, off_by_one: bool = False) -> dict[str, int]:
+    """Counts the gathers of accepted nodes and the compactions; `off_by_one` keeps the entry of
+    the node after each accepted node (a wrong gather). Reordering the right entries would not be
+    wrong: attention does not care where a rotated key sits."""
+    counts = {"gathers": 0, "compactions": 0}
 
-    def _gather_new_slots(self, state, old_len, index):
-        super()._gather_new_slots(state, old_len, (index + 1).clamp(max=len(PARENTS) - 1))
+    def gather_kept(state, old_len, index):
+        counts["gathers"] += 1
+        GATHER_KEPT(state, old_len, (index + 1).clamp(max=len(PARENTS) - 1) if off_by_one else index)
+
+    def compact(state, device):
+        counts["compactions"] += 1
+        assert (~state.slot_valid).any(), "compaction with no padding to squeeze out tests nothing"
+        COMPACT(state, device)
+
+    monkeypatch.setattr(kv_cache, "gather_kept", gather_kept)
+    monkeypatch.setattr(kv_cache, "compact", compact)
+    return counts
 
 
 def largest_logit_error(target, images) -> float:
@@ -85,11 +89,12 @@ def largest_logit_error(target, images) -> float:
     return error
 
 
-def test_logits_after_gathering_commits_and_compaction_in_a_padded_batch(tiny_target, make_image):
+def test_logits_after_gathering_commits_and_compaction_in_a_padded_batch(tiny_target, make_image, monkeypatch):
     images = [make_image(1, 56, 56), make_image(2, 112, 84)]
-    right = CountingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
-    assert largest_logit_error(right, images) < SAME_LOGITS
-    assert right.gathers == 2 and right.compactions == 2
-    wrong = WrongSlotsTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
-    assert largest_logit_error(wrong, images) > 100 * SAME_LOGITS, "a commit that keeps the wrong slots must be caught"
-    assert wrong.gathers == 2
+    target = CompactingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    right = counted_cache_edits(monkeypatch)
+    assert largest_logit_error(target, images) < SAME_LOGITS
+    assert right == {"gathers": 2, "compactions": 2}
+    wrong = counted_cache_edits(monkeypatch, off_by_one=True)
+    assert largest_logit_error(target, images) > 100 * SAME_LOGITS, "a commit that keeps the wrong slots must be caught"
+    assert wrong["gathers"] == 2

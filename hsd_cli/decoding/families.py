@@ -1,0 +1,269 @@
+"""What differs between model families: processors, chat prompts, positions (1-D or M-RoPE with
+its rope deltas), image inputs, vision and stop tokens. One small `FamilyAdapter` per family;
+`adapter_for(model_type)` picks it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+
+def _image_only_processor_class(base: type) -> type:
+    """A subclass of a Qwen-VL processor without the video processor (which needs torchvision)."""
+
+    class ImageOnlyProcessor(base):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+            self.vision_start_token = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
+            self.vision_end_token = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
+            for name in ("image_token", "video_token", "vision_start_token", "vision_end_token"):
+                setattr(self, f"{name}_id", tokenizer.convert_tokens_to_ids(getattr(self, name)))
+            # Skip the base __init__ (it wants a video processor) and go to ProcessorMixin's.
+            super(base, self).__init__(image_processor, tokenizer, chat_template=chat_template)
+
+    # Saved processor configs then name the official class, as in a real model directory.
+    ImageOnlyProcessor.__name__ = base.__name__
+    ImageOnlyProcessor.__qualname__ = f"{base.__name__}ImageOnly"
+    return ImageOnlyProcessor
+
+
+class FamilyAdapter:
+    """What differs per model family. Subclasses are small; see `QwenVLAdapter`."""
+
+    model_types: tuple[str, ...] = ()
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+    def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's `position_ids` and, per row, the rope delta: the offset added to
+        (real tokens so far + depth) to get a new token's position. Left padding is skipped."""
+        attention = inputs["attention_mask"].long()
+        text_positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        return self.position_ids(model, text_positions), torch.zeros(attention.shape[0], dtype=torch.long)
+
+    def position_ids(self, model, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B, K) absolute text positions -> what the model's `position_ids` expects."""
+        return positions
+
+    def processor_images(self, images: Sequence[Image.Image | None]):
+        """The images of a batch (None = a text-only row) as the processor takes them."""
+        return [im for im in images if im is not None] or None
+
+    def chat_text(self, processor, prompt: str, with_image: bool) -> str:
+        content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
+        return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def vision_token_ids(self, config) -> list[int]:
+        """Placeholder and delimiter tokens of images and videos (never real output)."""
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        return [getattr(config, n) for n in names if getattr(config, n, None) is not None]
+
+    def stop_token_ids(self, model, tokenizer) -> list[int]:
+        ids = model.generation_config.eos_token_id
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+            ids.append(tokenizer.eos_token_id)
+        return ids
+
+
+class QwenVLAdapter(FamilyAdapter):
+    """Qwen2-VL and Qwen2.5-VL: MRoPE with 3 position rows and a per-sequence rope delta."""
+
+    model_types = ("qwen2_vl", "qwen2_5_vl")
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        # Built from parts: AutoProcessor would also build the video processor, which needs
+        # torchvision, and the default image processor backend needs it too.
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        image_processor = self._image_processor_class().from_pretrained(path)
+        template = _processor_chat_template(path) or tokenizer.chat_template
+        return self._processor_class()(image_processor, tokenizer, chat_template=template)
+
+    def new_processor(self, tokenizer, **image_settings):
+        """A processor for a model built here (tiny random or replay): the family's processor
+        classes around `tokenizer`, the image processor made with `image_settings`."""
+        image_processor = self._image_processor_class()(**image_settings)
+        return self._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+
+    def _processor_base(self) -> type:
+        from transformers import Qwen2_5_VLProcessor
+
+        return Qwen2_5_VLProcessor
+
+    def _processor_class(self) -> type:
+        return _image_only_processor_class(self._processor_base())
+
+    def _image_processor_class(self) -> type:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil
+
+    def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        if inputs.get("image_grid_thw") is None:
+            return super().prefill_positions(model, inputs)
+        # Computed here, never read from model.model.rope_deltas: that attribute goes stale.
+        positions, deltas = model.model.get_rope_index(
+            inputs["input_ids"],
+            mm_token_type_ids=inputs["mm_token_type_ids"],
+            image_grid_thw=inputs["image_grid_thw"],
+            attention_mask=inputs["attention_mask"],
+        )
+        return positions, deltas.view(-1).cpu()
+
+    def position_ids(self, model, positions: torch.Tensor) -> torch.Tensor:
+        # Text tokens after the image use the same position on every MRoPE axis.
+        return positions.unsqueeze(0).expand(self.rope_axes(model), -1, -1)
+
+    def rope_axes(self, model) -> int:
+        return 3
+
+
+class Qwen2VLAdapter(QwenVLAdapter):
+    model_types = ("qwen2_vl",)
+
+    def _processor_base(self) -> type:
+        from transformers import Qwen2VLProcessor
+
+        return Qwen2VLProcessor
+
+
+class Qwen25VLAdapter(QwenVLAdapter):
+    model_types = ("qwen2_5_vl",)
+
+
+class Qwen3VLAdapter(QwenVLAdapter):
+    """Qwen3-VL: interleaved MRoPE and deepstack vision features; the same position rule."""
+
+    model_types = ("qwen3_vl",)
+
+    def _processor_base(self) -> type:
+        from transformers import Qwen3VLProcessor
+
+        return Qwen3VLProcessor
+
+
+class PaddleOCRVLAdapter(QwenVLAdapter):
+    """PaddleOCR-VL: Qwen-style 3-axis MRoPE over an ERNIE text model; no video processor."""
+
+    model_types = ("paddleocr_vl",)
+
+    def _processor_class(self) -> type:
+        from transformers import PaddleOCRVLProcessor
+
+        return PaddleOCRVLProcessor
+
+    def _image_processor_class(self) -> type:
+        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
+
+        return PaddleOCRVLImageProcessorPil
+
+
+class HunYuanVLAdapter(QwenVLAdapter):
+    """HunYuanVL (HunyuanOCR): XD-RoPE with as many axes as `mrope_section` has entries (4 in
+    HunyuanOCR); text tokens carry their sequence position on every axis."""
+
+    model_types = ("hunyuan_vl",)
+
+    def rope_axes(self, model) -> int:
+        return len(model.config.text_config.rope_parameters["mrope_section"])
+
+    def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        # transformers numbers images across the whole batch on the image-index axis: a row's
+        # image would get its batch position as index, and other logits than decoded alone.
+        if inputs.get("image_grid_thw") is None or inputs["input_ids"].shape[0] == 1:
+            return super().prefill_positions(model, inputs)
+        images_per_row = (inputs["input_ids"] == model.config.im_start_id).sum(-1).tolist()
+        grids = inputs["image_grid_thw"].split(images_per_row)
+        rows = [
+            super(HunYuanVLAdapter, self).prefill_positions(model, {
+                "input_ids": inputs["input_ids"][b : b + 1],
+                "mm_token_type_ids": inputs["mm_token_type_ids"][b : b + 1],
+                "attention_mask": inputs["attention_mask"][b : b + 1],
+                "image_grid_thw": grid if len(grid) else None,
+            })
+            for b, grid in enumerate(grids)
+        ]
+        return torch.cat([positions for positions, _ in rows], dim=1), torch.cat([deltas for _, deltas in rows])
+
+    def vision_token_ids(self, config) -> list[int]:
+        return [config.image_token_id, config.im_start_id, config.im_end_id, config.im_newline_id]
+
+    def _processor_class(self) -> type:
+        from transformers import HunYuanVLProcessor
+
+        return HunYuanVLProcessor
+
+    def _image_processor_class(self) -> type:
+        from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
+
+        return HunYuanVLImageProcessorPil
+
+
+class Idefics3Adapter(FamilyAdapter):
+    """Idefics3 (SmolVLM, SmolDocling, granite-docling): plain 1-D positions over a Llama-style
+    text model; images are given per prompt."""
+
+    model_types = ("idefics3",)
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoTokenizer, Idefics3Processor
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config_file = _model_file(path, "processor_config.json")
+        settings = json.loads(config_file.read_text()) if config_file is not None else {}
+        template = _processor_chat_template(path) or tokenizer.chat_template
+        return Idefics3Processor(
+            Idefics3ImageProcessorPil.from_pretrained(path),
+            tokenizer,
+            image_seq_len=settings.get("image_seq_len", 169),
+            chat_template=template,
+        )
+
+    def processor_images(self, images: Sequence[Image.Image | None]):
+        return [[im] if im is not None else [] for im in images] if any(im is not None for im in images) else None
+
+
+ADAPTERS: dict[str, FamilyAdapter] = {
+    t: a
+    for a in (
+        Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), Idefics3Adapter()
+    )
+    for t in a.model_types
+}
+
+
+def adapter_for(model_type: str) -> FamilyAdapter:
+    try:
+        return ADAPTERS[model_type]
+    except KeyError:
+        raise ValueError(f"model family {model_type!r} is not supported; supported: {sorted(ADAPTERS)}") from None
+
+
+def _model_file(path: str, name: str) -> Path | None:
+    """A file of a local model directory or hub repository (downloaded), or None if absent."""
+    from transformers.utils import cached_file
+
+    found = cached_file(path, name, _raise_exceptions_for_missing_entries=False)
+    return Path(found) if found else None
+
+
+def _processor_chat_template(path: str) -> str | None:
+    """The processor-level chat template (Qwen-VL repositories keep it outside the tokenizer)."""
+    for name in ("chat_template.jinja", "chat_template.json"):
+        file = _model_file(path, name)
+        if file is not None:
+            text = file.read_text()
+            return json.loads(text)["chat_template"] if name.endswith(".json") else text
+    return None

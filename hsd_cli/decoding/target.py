@@ -1,0 +1,158 @@
+"""The model seen as a tree-verification target: `HFTarget` wraps a loaded image-text-to-text
+model and offers what the decoding loop needs: prefill a batch of (image, prompt) inputs, run one
+forward over a batch of token trees (its positions and attention mask), keep the accepted cache
+entries, drop finished rows. The cache edits are kv_cache.py's, the families' differences
+families.py's, plain `generate` plain.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from PIL import Image
+
+from .devices import DTYPES, default_device, default_dtype
+from .families import FamilyAdapter, adapter_for
+from .kv_cache import BatchState, check_cache_layout, join_rows, keep_nodes, keep_rows
+from .plain import generate_plainly
+
+
+class HFTarget:
+    """A transformers image-text-to-text model seen as a tree-verification target."""
+
+    def __init__(self, model, processor, adapter: FamilyAdapter):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.adapter = adapter
+        self.model_type: str = model.config.model_type
+        self.device = model.device
+        self.dtype = model.dtype
+        check_cache_layout(model.config)
+        self.stop_token_ids = adapter.stop_token_ids(model, self.tokenizer)
+        self.vision_token_ids = adapter.vision_token_ids(model.config)
+
+    # -- text --------------------------------------------------------------------------------
+
+    def generate_plainly(
+        self, image: Image.Image | None, prompt: str, max_new_tokens: int, repetition_guard: bool = False,
+        **generate_kwargs,
+    ) -> list[int]:
+        """The output of transformers' own `generate` on this image and prompt (plain.py): what
+        every speculative output must equal, and the speed it is measured against."""
+        inputs = self.inputs([image], [prompt])
+        return generate_plainly(self.model, inputs, self.stop_token_ids, max_new_tokens, repetition_guard, **generate_kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
+
+    def inputs(self, images: Sequence[Image.Image | None], prompts: Sequence[str]) -> dict:
+        """Processor inputs for a batch (left padding so every row's next token is at the end)."""
+        texts = [self.adapter.chat_text(self.processor, p, im is not None) for im, p in zip(images, prompts)]
+        batch = self.processor(
+            text=texts, images=self.adapter.processor_images(images), return_tensors="pt", padding=True, padding_side="left"
+        )
+        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # -- decoding primitives -----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, inputs: dict) -> tuple[BatchState, torch.Tensor]:
+        """Run the prompt (and images); return the state and the last-position logits (B, V)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        position_ids, rope_delta = self.adapter.prefill_positions(self.model, inputs)
+        out = self.model(**inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        attention = inputs["attention_mask"].bool().cpu()
+        state = BatchState(
+            cache=cache,
+            slot_valid=attention.clone(),
+            past_len=attention.sum(-1),
+            rope_delta=rope_delta,
+            rows=list(range(attention.shape[0])),
+        )
+        return state, out.logits[:, -1, :].float()
+
+    @torch.inference_mode()
+    def prefill_each(self, inputs: Sequence[dict]) -> tuple[BatchState, torch.Tensor]:
+        """Prefill each single-row input alone and join the rows into one batch, left-padded like
+        `prefill`'s: a page and its crops (prompts of very different lengths) then spend no prefill
+        on padding."""
+        parts = [self.prefill(row) for row in inputs]
+        return join_rows([state for state, _ in parts]), torch.cat([logits for _, logits in parts])
+
+    @torch.inference_mode()
+    def forward_tree(
+        self,
+        state: BatchState,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        ancestors: torch.Tensor,
+    ) -> torch.Tensor:
+        """One forward over a padded batch of trees.
+
+        tokens, depths: (B, K) long; ancestors: (B, K, K) bool, node i sees node j iff
+        ancestors[b, i, j]. Returns fp32 logits (B, K, V).
+        """
+        width = tokens.shape[1]
+        positions = self._tree_positions(state, depths)
+        visible = torch.cat([state.slot_valid[:, None, :].expand(-1, width, -1).cpu(), self._tree_visibility(ancestors)], dim=-1)
+        # Float additive mask in the model dtype: boolean 4-D masks are silently wrong with eager.
+        mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=tokens.to(self.device),
+            position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
+            attention_mask=mask[:, None].to(self.device),
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        return out.logits.float()
+
+    # The tree's positions and mask, each in one method so that a test can subclass a wrong one
+    # and check that the exactness tests notice.
+
+    def _tree_positions(self, state: BatchState, depths: torch.Tensor) -> torch.Tensor:
+        """(B, K) text positions of the tree nodes: after the row's real tokens, by depth."""
+        return state.past_len[:, None] + depths + state.rope_delta[:, None]
+
+    def _tree_visibility(self, ancestors: torch.Tensor) -> torch.Tensor:
+        """(B, K, K) bool, which tree nodes each node attends to: its ancestors and itself."""
+        return ancestors
+
+    def commit(self, state: BatchState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None:
+        """Keep, per row, the cache entries of `kept_nodes` (tree node indices); drop the rest."""
+        keep_nodes(state, kept_nodes, self.device)
+
+    def keep_rows(self, state: BatchState, keep: Sequence[int]) -> None:
+        """Drop finished rows from the batch (positions in the current batch to keep)."""
+        keep_rows(state, keep, self.device)
+
+
+def load_target(
+    model: str,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> HFTarget:
+    """Load a model by hub id or local directory for speculative decoding."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    check_cache_layout()  # before loading any weights
+    device = device or default_device()
+    dtype = dtype or default_dtype(device)
+    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    adapter = adapter_for(config.model_type)
+    processor = adapter.load_processor(model, trust_remote_code)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    network = AutoModelForImageTextToText.from_pretrained(
+        model, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs
+    )
+    network.to(device).eval()
+    return HFTarget(network, processor, adapter)
