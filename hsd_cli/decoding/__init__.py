@@ -8,12 +8,11 @@ Knows nothing about PDFs or OCR. Typical use:
     results = decode_many(target, [(crop, prompt, [draft]), ...], batch_size=8)
 """
 
-from .kv_cache import UnsupportedTransformersError, check_cache_layout
 from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, decode_many, decode_result, make_proposer
 from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
 from .repetition import RepetitionLoop, find_repetition, repetition_stop
 from .stats import DecodeStats
-from .target import HFTarget, load_target
+from .target import HFTarget, UnsupportedTransformersError, check_cache_layout, load_target
 from .verify import SamplingConfig, inside_tex_math, math_guard
 
 __all__ = [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from hsd_cli.decoding.families import adapter_for
+from hsd_cli.decoding.target.families import adapter_for
 
 
 @dataclass(frozen=True)
@@ -381,7 +381,7 @@ def random_target(name_or_path: str, *, device: str | None = None, dtype: str = 
     layers keep the architecture's vocabulary size, so their cost is the real one."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from hsd_cli.decoding.devices import DTYPES, default_device
+    from hsd_cli.decoding.target.devices import DTYPES, default_device
     from hsd_cli.decoding.target import HFTarget
 
     settings = architecture_config(name_or_path)

@@ -141,7 +141,7 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
     examples = load_examples(data_dir)
     settings = settings_for(FAMILY)
     if request.resume and (model_dir / "tokenizer.json").is_file():
-        from hsd_cli.decoding.families import adapter_for
+        from hsd_cli.decoding.target.families import adapter_for
 
         processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
     else:
@@ -182,7 +182,7 @@ def build_status(model_dir: Path) -> dict:
     examples greedy decoding would reproduce and how many it would open right (the first answer
     token picks which text follows: a model that cannot tell two images apart fails there),
     teacher-forced (one forward pass each, no decoding)."""
-    from hsd_cli.decoding.families import adapter_for
+    from hsd_cli.decoding.target.families import adapter_for
 
     checkpoint = model_dir / CHECKPOINT_FILE
     if not checkpoint.is_file():

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hsd_cli.decoding.families import adapter_for
+from hsd_cli.decoding.target.families import adapter_for
 from hsd_cli.models.tiny import QWEN_TOKENS
 from hsd_cli.replay.model import FAMILY, use_matmul_patch_projection
 from hsd_cli.replay.train_config import TrainConfig

@@ -3,7 +3,7 @@ left-padded batch, every tree node's logits must equal the model's own forward o
 prompt + committed tokens + the node's path. A commit that keeps the wrong slots must fail this."""
 
 
-from hsd_cli.decoding import kv_cache
+from hsd_cli.decoding.target import cache
 from hsd_cli.decoding.target import HFTarget
 from hsd_cli.decoding.tree import TokenTree, batch_trees
 
@@ -37,7 +37,7 @@ def path_tokens(tree: TokenTree, node: int) -> list[int]:
 
 
 # The cache edits as they are, wrapped by the tests below.
-GATHER_KEPT, COMPACT = kv_cache.gather_kept, kv_cache.compact
+GATHER_KEPT, COMPACT = cache.gather_kept, cache.compact
 
 
 class CompactingTarget(HFTarget):
@@ -46,7 +46,7 @@ class CompactingTarget(HFTarget):
     def commit(self, state, width, kept_nodes):
         super().commit(state, width, kept_nodes)
         if (~state.slot_valid).any():
-            kv_cache.compact(state, self.device)
+            cache.compact(state, self.device)
 
 
 def counted_cache_edits(monkeypatch, off_by_one: bool = False) -> dict[str, int]:
@@ -64,8 +64,8 @@ def counted_cache_edits(monkeypatch, off_by_one: bool = False) -> dict[str, int]
         assert (~state.slot_valid).any(), "compaction with no padding to squeeze out tests nothing"
         COMPACT(state, device)
 
-    monkeypatch.setattr(kv_cache, "gather_kept", gather_kept)
-    monkeypatch.setattr(kv_cache, "compact", compact)
+    monkeypatch.setattr(cache, "gather_kept", gather_kept)
+    monkeypatch.setattr(cache, "compact", compact)
     return counts
 
 

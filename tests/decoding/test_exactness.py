@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hsd_cli.decoding import kv_cache
+from hsd_cli.decoding.target import cache
 from hsd_cli.decoding.target import HFTarget
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig
@@ -173,7 +173,7 @@ class AlwaysCompactingTarget(HFTarget):
 
     def commit(self, state, width, kept_nodes):
         super().commit(state, width, kept_nodes)
-        kv_cache.compact(state, self.device)
+        cache.compact(state, self.device)
 
 
 def test_batched_text_only_prompts_and_cache_compaction(tiny_target):

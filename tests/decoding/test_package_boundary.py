@@ -44,3 +44,16 @@ def test_the_check_sees_absolute_and_relative_imports_that_leave():
     assert outside_imports(leaving, module) == ["hsd_cli.models.tiny", "hsd_cli.stages", "hsd_cli.pipeline", "hsd_cli"]
     staying = "from .tree import TokenTree\nfrom hsd_cli.decoding.verify import keyed_sample\nimport torch\n"
     assert outside_imports(staying, module) == []
+
+
+def test_only_the_target_package_imports_transformers():
+    """Proposers, trees, verification and the loop are plain data and tensors; everything that
+    knows transformers (families, the cache, generate) is in `hsd_cli.decoding.target`."""
+    root = Path(hsd_cli.decoding.__file__).parent
+    knowing = set()
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
+            if any(name and name.split(".")[0] == "transformers" for name in names):
+                knowing.add(path.relative_to(root).parts[0])
+    assert knowing == {"target"}

@@ -1,8 +1,8 @@
 """The model seen as a tree-verification target: `HFTarget` wraps a loaded image-text-to-text
 model and offers what the decoding loop needs: prefill a batch of (image, prompt) inputs, run one
 forward over a batch of token trees (its positions and attention mask), keep the accepted cache
-entries, drop finished rows. The cache edits are kv_cache.py's, the families' differences
-families.py's, plain `generate` plain.py's.
+entries, drop finished rows. The cache edits are cache.py's, the families' differences
+families.py's, plain `generate` generate.py's.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import torch
 from PIL import Image
 
+from .cache import BatchState, check_cache_layout, join_rows, keep_nodes, keep_rows
 from .devices import DTYPES, default_device, default_dtype
 from .families import FamilyAdapter, adapter_for
-from .kv_cache import BatchState, check_cache_layout, join_rows, keep_nodes, keep_rows
-from .plain import generate_plainly
+from .generate import generate_plainly
 
 
 class HFTarget:

@@ -37,7 +37,7 @@ class _RepetitionStop:
         self.prompt_length = prompt_length
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        from .repetition import REPETITION_SPAN, repetition_stop
+        from ..repetition import REPETITION_SPAN, repetition_stop
 
         # Earlier calls saw every shorter output: only a loop ending at the newest token is new.
         recent = input_ids[0, max(self.prompt_length, input_ids.shape[1] - REPETITION_SPAN):].tolist()
