@@ -23,6 +23,7 @@ import yaml
 
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.records import Block, BlockKind
+from hsd_cli.stages.draft.rtl import PERSIAN_LETTERS
 from hsd_cli.stages.draft.tables import html_table_cells, pipe_table, pipe_table_cells
 
 # Running headers and footers are left out of page outputs, so they are no drafts at all.
@@ -73,7 +74,6 @@ _SCRIPT_LANGUAGES = {
     "LATIN": "en", "CJK": "zh", "HANGUL": "ko", "ARABIC": "ar", "CYRILLIC": "ru", "GREEK": "el",
     "HEBREW": "he", "DEVANAGARI": "hi", "THAI": "th",
 }
-_PERSIAN_LETTERS = set("پچژگکی")
 
 
 def html_table(rows: list[list[str]]) -> str:
@@ -183,7 +183,7 @@ def primary_language(text: str) -> str:
     if scripts["HIRAGANA"] or scripts["KATAKANA"]:
         return "ja"
     script = scripts.most_common(1)[0][0]
-    if script == "ARABIC" and _PERSIAN_LETTERS & set(text):
+    if script == "ARABIC" and PERSIAN_LETTERS & set(text):
         return "fa"
     return _SCRIPT_LANGUAGES.get(script, "en")
 
