@@ -123,16 +123,20 @@ def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_pa
     assert pages[1]["text_source"] == "model", "the next page still goes through the VLM"
 
 
-def test_a_vlm_page_that_kills_its_worker_twice_keeps_its_draft_and_says_why(tiny_model, docs_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("HSD_DEBUG_CRASH", "report.pdf:1:vlm")
+@pytest.mark.parametrize(("fault", "reason", "line"), [
+    ("HSD_DEBUG_CRASH", "crash", "the worker died on this page twice; the draft stands in"),
+    ("HSD_DEBUG_RAISE", "vlm_error", "the model failed (RuntimeError: HSD_DEBUG_RAISE on the vlm stage); the draft stands in"),
+])
+def test_a_vlm_page_that_fails_keeps_its_draft_and_says_why(fault, reason, line, tiny_model, docs_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(fault, "report.pdf:1:vlm")
     result = run_hsd(
         "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", "page",
         "--pages", "1", "--max-new-tokens", "8", "--json",
     )
     assert result.exit_code == 0, result.stderr
     page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
-    assert page["flags"] == ["fallback", "crash"] and page["text_source"] == "draft"
-    assert "report.pdf: page 1: the worker died on this page twice; the draft stands in" in result.stderr
+    assert page["flags"] == ["fallback", reason] and page["text_source"] == "draft"
+    assert page["notice"] == line and f"report.pdf: page 1: {line}" in result.stderr
 
 
 def _constant_model(tiny_model, directory, stops_on_it):
@@ -304,16 +308,3 @@ def test_a_plain_reading_is_projected_as_one_forward_per_token(tiny_model, docs_
     arms = report["kinds"]["born_digital"]
     assert arms["auto"]["projected"]["decode_s"] == pytest.approx(arms["ar"]["projected"]["decode_s"])
     assert arms["ar"]["projected"]["decode_s"] == pytest.approx(arms["ar"]["pages"] * (0.05 + 15 * 0.01), abs=1e-6)
-
-
-def test_a_page_whose_vlm_stage_raises_keeps_its_draft_and_says_why(tiny_model, docs_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("HSD_DEBUG_RAISE", "report.pdf:1:vlm")
-    result = run_hsd(
-        "convert", docs_dir / "report.pdf", "-o", tmp_path, "--model", tiny_model, "--stages", "page",
-        "--pages", "1", "--max-new-tokens", "8", "--json",
-    )
-    assert result.exit_code == 0, result.stderr
-    page = json.loads((tmp_path / "report.json").read_text())["pages"][0]
-    assert page["flags"] == ["fallback", "vlm_error"] and page["text_source"] == "draft"
-    line = "the model failed (RuntimeError: HSD_DEBUG_RAISE on the vlm stage); the draft stands in"
-    assert page["notice"] == line and f"report.pdf: page 1: {line}" in result.stderr
