@@ -28,7 +28,7 @@ from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageFlag, PageImage, PageResult
 from hsd_cli.stages.dialect import DIALECT_KEYS, page_drafts, settled
-from hsd_cli.stages.draft import DraftBackend, draft_page, make_draft_backend
+from hsd_cli.stages.draft import DraftBackend, draft_page, exception_line, make_draft_backend
 from hsd_cli.stages.outcome import LOST_PAGE_WHY, draft_standing_in, drafted_page, failed_page, model_reading
 from hsd_cli.stages.planner import page_kind
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
@@ -225,8 +225,7 @@ def _with_retries(work: Callable[[], Any]) -> tuple[Any, PageError | None]:
         try:
             return work(), None
         except Exception as exc:  # noqa: BLE001 - a bad page must not sink its document
-            message = " ".join(f"{type(exc).__name__}: {exc}".split())
-            error = PageError(message, traceback.format_exc())
+            error = PageError(exception_line(exc), traceback.format_exc())
     return None, error
 
 

@@ -65,11 +65,17 @@ def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBacken
             return AutoDraft(PdfTextDraft(), OcrDraft(config.dpi, config.max_pixels, keep_text_layer=True))
 
 
+# The backends whose blocks come from the layout model over the page (auto resolves to one of them).
+_LAID_OUT = (PdfTextDraft.name, OcrDraft.name)
+
 # MuPDF's errors say "code=7: unknown image file format"; the code means nothing to a reader.
 _MUPDF_CODE = re.compile(r"^code=\d+: ")
 
-# The backends whose blocks come from the layout model over the page (auto resolves to one of them).
-_LAID_OUT = (PdfTextDraft.name, OcrDraft.name)
+
+def exception_line(exc: Exception) -> str:
+    """An exception as a page's notice names it: "TypeName: message", on one line."""
+    message = _MUPDF_CODE.sub("", " ".join(str(exc).split()))
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
@@ -83,7 +89,7 @@ def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
         if backend.rendering_ocr is None:
             raise
         name, blocks = backend.rendering_ocr.name, backend.rendering_ocr.blocks(page)
-        reason = f"text layer unreadable ({_one_line(exc)}); OCR of the rendering"
+        reason = f"text layer unreadable ({exception_line(exc)}); OCR of the rendering"
     else:
         reason = _drawings_left_out(page) if name in _LAID_OUT else None
     page_size = (page.rect.width, page.rect.height)
@@ -102,7 +108,3 @@ def _drawings_left_out(page: pymupdf.Page) -> str | None:
         return None
     return f"{drawings:,} vector drawings, over the {MAX_LAYOUT_DRAWINGS:,} the layout reads: laid out without them"
 
-
-def _one_line(exc: Exception) -> str:
-    message = _MUPDF_CODE.sub("", " ".join(str(exc).split()))
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
