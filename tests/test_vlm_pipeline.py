@@ -4,14 +4,8 @@ import json
 
 import pytest
 
-from hsd_cli.models.tiny import build_tiny_random
 from tests import fixtures
 from tests.conftest import run_hsd
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    return build_tiny_random("qwen2_5_vl", tmp_path_factory.mktemp("tiny_qwen2_5_vl"))
 
 
 @pytest.mark.parametrize("stages", ["page", "region-page", "packed"])
