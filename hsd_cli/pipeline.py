@@ -26,18 +26,17 @@ from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
-from hsd_cli.records import Block, BlockKind, DocStatus, DocumentResult, PageFlag, PageImage, PageResult
-from hsd_cli.stages.dialect import DIALECT_KEYS, page_drafts, settled
+from hsd_cli.page import DocumentResult, Page, Plan, Reading, Way
+from hsd_cli.records import Block, BlockKind, DocStatus, PageFlag
+from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, exception_line, make_draft_backend
-from hsd_cli.stages.outcome import LOST_PAGE_WHY, draft_standing_in, drafted_page, failed_page, model_reading
-from hsd_cli.stages.planner import page_kind
+from hsd_cli.stages.outcome import LOST_PAGE_WHY, draft_standing_in, failed_page, model_reading
+from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, plan_page
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
-from hsd_cli.stats import DecodingTotals, PagePlan, PageStats, RegionResult, StageSeconds
+from hsd_cli.stats import DecodingTotals
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
 
 if TYPE_CHECKING:
-    from hsd_cli.models.settings import ModelSettings
-    from hsd_cli.stages.page import PageRead
     from hsd_cli.stages.vlm import VlmModel
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
@@ -46,8 +45,8 @@ PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked f
 EventSink = Callable[[str, dict[str, Any]], None]
 
 
-def _figure_crops(image: PageImage, blocks: tuple[Block, ...]) -> tuple[tuple[str, object], ...]:
-    crops = ((block.id, crop_block(image, block.bbox, pad=0)) for block in blocks if block.kind is BlockKind.FIGURE)
+def _figure_crops(page: Page) -> tuple[tuple[str, object], ...]:
+    crops = ((block.id, crop_block(page, block.bbox, pad=0)) for block in page.blocks if block.kind is BlockKind.FIGURE)
     return tuple((block_id, crop) for block_id, crop in crops if crop is not None)
 
 
@@ -66,18 +65,10 @@ def debug_fault(doc: InputDocument, page_no: int, stage: str) -> None:
         raise RuntimeError(f"HSD_DEBUG_RAISE on the {stage} stage")
 
 
-def draft_stage(page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> tuple[PageResult, PageImage]:
+def draft_stage(pdf_page: pymupdf.Page, backend: DraftBackend, config: ConvertConfig) -> Page:
     """Render and draft one page: the page's result when no VLM runs, and its fallback when one fails."""
-    started = time.perf_counter()
-    image = render_page(page, config.dpi, config.max_pixels)
-    rendered = time.perf_counter()
-    draft = draft_page(backend, page)
-    figures = _figure_crops(image, draft.blocks) if config.images is ImageMode.REF else ()
-    result = PageResult(
-        page_no=draft.page_no, size_pt=image.size_pt, blocks=draft.blocks, backend=draft.backend,
-        figures=figures, timings={"render_s": rendered - started, "draft_s": draft.seconds},
-    )
-    return drafted_page(result, draft.degraded_reason), image
+    page = draft_page(backend, pdf_page, render_page(pdf_page, config.dpi, config.max_pixels))
+    return replace(page, figures=_figure_crops(page)) if config.images is ImageMode.REF else page
 
 
 @dataclass(frozen=True)
@@ -95,96 +86,81 @@ class DocumentSoFar:
         return DocumentSoFar(self.outputs + (text,), self.tau + (((kind, tau),) if tau is not None else ()))
 
     @classmethod
-    def of(cls, pages: Sequence[PageResult]) -> DocumentSoFar:
+    def of(cls, pages: Sequence[Page]) -> DocumentSoFar:
         so_far = cls()
         for page in pages:
-            if page.text and page.stats and PageFlag.FALLBACK not in page.flags:
-                tau = page.stats.page.tau if page.stats.verified_drafts else None
+            if page.text and page.reading and PageFlag.FALLBACK not in page.flags:
+                tau = page.reading.result.stats.tau if page.plan.verifies_drafts else None
                 so_far = so_far.then(page_kind(page.backend), page.text, tau)
         return so_far
 
 
-@dataclass(frozen=True)
-class VlmRead:
-    """What the VLM stages did on one page: the region passes, then the page stage's reading."""
-
-    settings: ModelSettings  # the dialect the drafts were written in
-    regions: tuple[RegionResult, ...]
-    read: PageRead | None  # None: the planner left the page to its draft (it would not finish in time)
-    region_s: float  # 0 where no region pass ran
-    page_s: float
-    plan: PagePlan | None = None  # the planner's choice (`--stages auto` with a cost profile)
-
-
-def vlm_read(
-    image: PageImage, blocks: tuple[Block, ...], kind: str, model: VlmModel, stages: Stages, so_far: DocumentSoFar,
-    time_limit_s: float = 0.0,
-) -> VlmRead:
-    """The region stage where `stages` plans it, then the page stage verifying the region outputs
-    and the other blocks' drafts (`packed`: both in the same forwards); drafts follow the dialect
-    of the document's model outputs so far. `auto` with a cost profile: the planner's choice, for a
-    page that may take `time_limit_s` (0: no limit)."""
+def plan_stage(page: Page, model: VlmModel, stages: Stages, so_far: DocumentSoFar, time_limit_s: float = 0.0) -> Plan:
+    """The plan --stages fixes; for `auto` with a cost profile, the planner's, for a page that may
+    take `time_limit_s` (0: no limit)."""
+    if stages is not Stages.AUTO or model.profile is None:
+        return fixed_plan(stages, page.blocks)
     # Imported here: a draft-only worker never imports torch and transformers.
+    from hsd_cli.stages.packed import PACKED_REGIONS
+    from hsd_cli.stages.region import REGION_BATCH
+
+    kind = page_kind(page.backend)
+    return plan_page(
+        model.profile, kind, block_outlooks(page, lambda text: len(model.target.encode(text)), model.settings.region_padding_px),
+        max(page.picture.size), region_batch=REGION_BATCH, packed_regions=PACKED_REGIONS,
+        earlier_tau=[tau for seen, tau in so_far.tau if seen == kind], time_limit_s=time_limit_s,
+    )
+
+
+def read_stage(page: Page, model: VlmModel, so_far: DocumentSoFar) -> Reading | None:
+    """The model's reading of the page as its plan says (None: the plan leaves the page to its
+    draft): region passes, then the page stage verifying the region outputs and the other blocks'
+    drafts (packed: both in the same forwards), or plain decoding. Drafts follow the dialect of the
+    document's model outputs so far."""
     from hsd_cli.stages.packed import packed_stage
     from hsd_cli.stages.page import page_stage, plain_page_stage
-    from hsd_cli.stages.planner import page_outlook, plan_page
-    from hsd_cli.stages.region import region_planner, region_stage
+    from hsd_cli.stages.region import region_stage
 
+    plan = page.plan
     settings = settled(model.settings, so_far.outputs)
     started = time.perf_counter()
-    plan = None
-    wants_region = region_planner(stages)
-    if stages is Stages.AUTO and model.profile is not None:
-        plan = plan_page(model.profile, page_outlook(model, image, blocks, kind, so_far.tau, time_limit_s))
-        if plan.chosen == "draft":
-            return VlmRead(settings, (), None, 0.0, 0.0, plan)
-        if plan.chosen == "plain":
-            read = plain_page_stage(model, image.image, settings)
-            return VlmRead(settings, (), read, 0.0, time.perf_counter() - started, plan)
-        stages, wants_region = Stages(plan.chosen), lambda block: block.id in plan.regions
-    if stages is Stages.PACKED:
-        # Region passes run inside the page stage's forwards: their seconds are the page's.
-        regions, read = packed_stage(model, image, blocks, wants_region, settings)
-        return VlmRead(settings, regions, read, 0.0, time.perf_counter() - started, plan)
-    regions = region_stage(model, image, blocks, wants_region, settings)
-    regions_done = time.perf_counter()
-    region_texts = {region.block_id: region.text for region in regions if region.text is not None}
-    read = page_stage(model, image.image, page_drafts(blocks, settings, region_texts), settings)
-    # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
-    region_s = regions_done - started if regions else 0.0
-    return VlmRead(settings, regions, read, region_s, time.perf_counter() - regions_done, plan)
+    match plan.way:
+        case Way.DRAFT:
+            return None
+        case Way.PLAIN:
+            reading = plain_page_stage(model, page.picture, settings)
+        case Way.PACKED:
+            # Region passes run inside the page stage's forwards: their seconds are the page's.
+            reading = packed_stage(model, page, plan.regions, settings)
+        case _:
+            regions = region_stage(model, page, plan.regions, settings)
+            regions_done = time.perf_counter()
+            region_texts = {region.block_id: region.text for region in regions if region.text is not None}
+            reading = page_stage(model, page.picture, page_drafts(page.blocks, settings, region_texts), settings)
+            # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
+            region_s = regions_done - started if regions else 0.0
+            return replace(reading, regions=regions, region_s=region_s, page_s=time.perf_counter() - regions_done)
+    return replace(reading, page_s=time.perf_counter() - started)
 
 
-def vlm_stage(
-    drafted: PageResult, image: PageImage, model: VlmModel, stages: Stages, so_far: DocumentSoFar,
-    time_limit_s: float = 0.0,
-) -> PageResult:
-    """The page's result from the VLM stages, with the --baseline reading where asked for; the
+def vlm_stage(drafted: Page, model: VlmModel, stages: Stages, so_far: DocumentSoFar, time_limit_s: float = 0.0) -> Page:
+    """The page planned and read by the model, with the --baseline reading where asked for; the
     draft, flagged, where the planner predicts the page would not finish within `time_limit_s`."""
     from hsd_cli.stages.page import baseline_check
 
-    done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, stages, so_far, time_limit_s)
-    read = done.read
-    if read is None:
-        predicted = min(done.plan.predicted_s.values())  # only a plan leaves a page unread
+    page = replace(drafted, plan=plan_stage(drafted, model, stages, so_far, time_limit_s))
+    reading = read_stage(page, model, so_far)
+    if reading is None:
+        predicted = min(page.plan.predicted_s.values())
         why = (f"the model would take about {predicted:.0f} s, far over --page-timeout {time_limit_s:g} s "
                "(to read it, rerun with a larger --page-timeout and --overwrite)")
-        unread = draft_standing_in(drafted, PageFlag.PREDICTED_TIMEOUT, why)
-        return replace(unread, timings=drafted.timings | {"predicted_s": predicted})
-    baseline_started = time.perf_counter()
-    baseline = baseline_check(model, read) if model.options.baseline else None
-    seconds = StageSeconds(
-        region_s=done.region_s, page_s=done.page_s, prefill_s=read.result.stats.prefill_s,
-        baseline_page_s=time.perf_counter() - baseline_started if baseline else None,
-    )
-    stats = PageStats(
-        page=read.result.stats, stop_reason=read.result.stop_reason,
-        dialect={name: getattr(done.settings, name) for name in DIALECT_KEYS}, seconds=seconds, regions=done.regions,
-        front_matter=read.front_matter, rotation=read.rotation_reads, baseline=baseline, plan=done.plan,
-        loop=read.result.loop,
-    )
-    page = model_reading(drafted, read, model.decode_config.max_new_tokens, model.outside_replay_set(image.image))
-    return replace(page, timings=drafted.timings | seconds.as_json(), stats=stats)
+        unread = draft_standing_in(page, PageFlag.PREDICTED_TIMEOUT, why)
+        return replace(unread, timings=page.timings | {"predicted_s": predicted})
+    if model.options.baseline:
+        baseline_started = time.perf_counter()
+        baseline = baseline_check(model, page.picture, reading)
+        reading = replace(reading, baseline=baseline, baseline_page_s=time.perf_counter() - baseline_started)
+    return model_reading(page, reading, model.decode_config.max_new_tokens, model.outside_replay_set(page.picture))
 
 
 def _page_size(page: pymupdf.Page) -> tuple[float, float]:
@@ -195,7 +171,7 @@ def _checkpoint_path(task: DocumentTask, page_no: int, stage: str = "page") -> P
     return task.checkpoint_dir / f"{stage}-{page_no:05d}.pickle"
 
 
-def _load_checkpoint(path: Path) -> PageResult | None:
+def _load_checkpoint(path: Path) -> Page | None:
     """The page as checkpointed, None where there is none or it is not this hsd's (a checkpoint an
     earlier version wrote, left by a killed run, is redone)."""
     if not path.exists():
@@ -205,9 +181,9 @@ def _load_checkpoint(path: Path) -> PageResult | None:
             page = pickle.load(handle)
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
         return None
-    if not isinstance(page, PageResult) or any(not hasattr(page, f.name) for f in fields(PageResult)):
+    if not isinstance(page, Page) or any(not hasattr(page, f.name) for f in fields(Page)):
         return None
-    return page if isinstance(page.stats, (PageStats, type(None))) else None
+    return page if isinstance(page.reading, (Reading, type(None))) else None
 
 
 @dataclass(frozen=True)
@@ -230,31 +206,30 @@ def _with_retries(work: Callable[[], Any]) -> tuple[Any, PageError | None]:
 
 
 def _convert_page(
-    task: DocumentTask, page: pymupdf.Page, backend: DraftBackend, vlm: VlmModel | None, emit: EventSink,
+    task: DocumentTask, pdf_page: pymupdf.Page, backend: DraftBackend, vlm: VlmModel | None, emit: EventSink,
     so_far: DocumentSoFar,
-) -> tuple[PageResult, PageError | None]:
+) -> tuple[Page, PageError | None]:
     """Draft, checkpoint the draft, then the VLM stages (whose drafts follow the dialect of the
     document's model outputs so far); each stage retried once. The error is the last one raised."""
-    page_no = page.number + 1
+    page_no = pdf_page.number + 1
 
-    def drafted() -> tuple[PageResult, PageImage]:
+    def drafted() -> Page:
         debug_fault(task.doc, page_no, "draft")
-        return draft_stage(page, backend, task.config)
+        return draft_stage(pdf_page, backend, task.config)
 
-    def decoded() -> PageResult:
+    def decoded() -> Page:
         debug_fault(task.doc, page_no, "vlm")
-        return vlm_stage(result, image, vlm, task.config.stages, so_far, task.page_timeout)
+        return vlm_stage(page, vlm, task.config.stages, so_far, task.page_timeout)
 
-    draft, error = _with_retries(drafted)
-    if draft is None:
-        return failed_page(page_no, _page_size(page), PageFlag.ERROR, f"the draft stage raised {error.message}"), error
-    result, image = draft
+    page, error = _with_retries(drafted)
+    if page is None:
+        return failed_page(page_no, _page_size(pdf_page), PageFlag.ERROR, f"the draft stage raised {error.message}"), error
     if vlm is not None:
-        write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(result))
+        write_atomic(_checkpoint_path(task, page_no, "draft"), pickle.dumps(page.without_picture()))
         emit("page_drafted", {"page": page_no})
         read, error = _with_retries(decoded)
-        result = read or draft_standing_in(result, PageFlag.VLM_ERROR, f"the model failed ({error.message})")
-    return result, error
+        page = read or draft_standing_in(page, PageFlag.VLM_ERROR, f"the model failed ({error.message})")
+    return page.without_picture(), error
 
 
 def _metadata(pdf: pymupdf.Document) -> dict[str, str]:
@@ -304,7 +279,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         if pdf.is_repaired:
             warnings.append("the PDF was damaged and has been repaired")
         task.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        pages: list[PageResult] = []
+        pages: list[Page] = []
         failures: dict[int, str] = {}
         tracebacks: list[str] = []
         for index in indices:
@@ -424,7 +399,7 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
     for page in result.pages:
         backends[page.backend] = backends.get(page.backend, 0) + 1
     return DocumentOutcome(
-        decoding=DecodingTotals.of(page.stats for page in result.pages if page.stats),
+        decoding=DecodingTotals.total(page.reading.totals for page in result.pages if page.reading),
         input=name,
         status=status,
         error=None,

@@ -1,15 +1,10 @@
-"""Frozen records passed between stages: page image -> draft blocks -> page result -> document."""
+"""The words the stages share: layout blocks and their kinds, a page's flags, a document's status.
+The page record they fill is in page.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
-
-from PIL import Image
-
-if TYPE_CHECKING:
-    from hsd_cli.stats import PageStats
 
 # (x0, y0, x1, y1) in PDF points, origin at the top-left corner of the (unrotated) page.
 BBox = tuple[float, float, float, float]
@@ -71,16 +66,6 @@ class PageFlag(StrEnum):
 
 
 @dataclass(frozen=True)
-class PageImage:
-    """One rendered page. `scale` maps PDF points to pixels (pixels = points * scale)."""
-
-    page_no: int  # 1-based
-    image: Image.Image
-    scale: float
-    size_pt: tuple[float, float]
-
-
-@dataclass(frozen=True)
 class Block:
     id: str
     kind: BlockKind
@@ -91,39 +76,3 @@ class Block:
     source: str  # which draft backend (or later: which model stage) produced the text
     level: int = 0  # heading level 1-6 for titles and section headers
     html: str | None = None  # tables: the HTML form (spans preserved)
-
-
-@dataclass(frozen=True)
-class PageDraft:
-    page_no: int
-    blocks: tuple[Block, ...]
-    backend: str  # the backend that actually ran (auto resolves to pdf-text or ocr)
-    seconds: float
-    # Why the draft is degraded: it came from OCR of the rendering because reading the text layer
-    # raised ("FzErrorFormat: ..."), or its layout left out the page's vector paths; else None.
-    degraded_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class PageResult:
-    page_no: int
-    size_pt: tuple[float, float]
-    blocks: tuple[Block, ...]
-    backend: str
-    figures: tuple[tuple[str, Image.Image], ...] = ()  # (block id, crop) for figures
-    text: str | None = None  # the VLM's page reading; None = the draft blocks are the text
-    flags: tuple[PageFlag, ...] = ()
-    timings: dict[str, float] = field(default_factory=dict)
-    stats: PageStats | None = None  # None: no VLM stage ran
-    draft_from: int | None = None  # the first of `blocks` whose draft follows a reading the model broke off
-    notice: str | None = None  # the one line a user is told where the page is not the model's full reading
-
-
-@dataclass(frozen=True)
-class DocumentResult:
-    pages: tuple[PageResult, ...]
-    page_count: int  # pages in the document (converted pages may be a subset)
-    metadata: dict[str, Any]
-    warnings: tuple[str, ...] = ()
-    damaged: bool = False  # the source (an image cut short) decoded only in part
-    tracebacks: tuple[str, ...] = ()  # of the pages that raised (shown with --debug)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 import shutil
 import sys
 import threading
@@ -14,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import IntEnum
-from functools import reduce
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -385,7 +383,8 @@ def run_convert(
 
 
 def _decoding_summary(per_document: list[DecodingTotals]) -> dict[str, Any] | None:
-    return reduce(operator.add, per_document).as_json() if per_document else None
+    totals = DecodingTotals.total(per_document)
+    return totals.as_json() if totals else None
 
 
 def _summary(

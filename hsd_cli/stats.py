@@ -1,16 +1,14 @@
-"""Typed statistics of the VLM stages: per region, per page, and totals over pages, documents and
-runs, with the one definition of the speedup. Counts are deterministic for a model and an input
-and go to the page JSON; seconds go to the manifest and the run summary."""
+"""Statistics of the VLM stages: per region, the baseline check, and totals over pages, documents
+and runs (tau and the speedup as decoding.stats defines them). Counts are deterministic for a
+model and an input and go to the page JSON; seconds go to the manifest and the run summary."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
-    from hsd_cli.decoding.repetition import RepetitionLoop
-    from hsd_cli.decoding.stats import DecodeStats
+from hsd_cli.decoding.stats import DecodeStats, speedup, tau
 
 
 def counts_json(stats: DecodeStats) -> dict[str, Any]:
@@ -55,82 +53,6 @@ class BaselineCheck:
 
 
 @dataclass(frozen=True)
-class RotationReads:
-    degrees: int  # how far the page was turned (PIL's counter-clockwise transposes, as olmOCR)
-    reads: int
-    earlier_forwards: int  # forwards of the reads the front matter sent back
-
-
-@dataclass(frozen=True)
-class StageSeconds:
-    region_s: float  # 0 where no region pass ran
-    page_s: float
-    prefill_s: float  # part of page_s
-    baseline_page_s: float | None = None  # --baseline only
-
-    def as_json(self) -> dict[str, float]:
-        timings = {"region_s": self.region_s, "page_s": self.page_s, "prefill_s": self.prefill_s}
-        if self.baseline_page_s is not None:
-            timings["baseline_page_s"] = self.baseline_page_s
-        return timings
-
-
-@dataclass(frozen=True)
-class PagePlan:
-    """The planner's choice for a page (`--stages auto` with a cost profile, stages/planner.py)."""
-
-    chosen: str
-    tau: float  # the acceptance the prediction assumed
-    predicted_s: dict[str, float]  # every plan's predicted seconds (with its best region set)
-    regions: tuple[str, ...] = ()  # the blocks the chosen plan gives a region pass
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "chosen": self.chosen, "tau": round(self.tau, 3), "regions": list(self.regions),
-            "predicted_s": {k: round(v, 3) for k, v in self.predicted_s.items()},
-        }
-
-
-@dataclass(frozen=True)
-class PageStats:
-    """What the VLM stages did on one page."""
-
-    page: DecodeStats  # the page stage's last read
-    stop_reason: str
-    dialect: dict[str, Any]  # the dialect the drafts were written in
-    seconds: StageSeconds
-    regions: tuple[RegionResult, ...] = ()
-    front_matter: dict[str, Any] | None = None
-    rotation: RotationReads | None = None  # only where the page was read more than once
-    baseline: BaselineCheck | None = None
-    plan: PagePlan | None = None  # the planner's choice, where it chose (`--stages auto` with a profile)
-    loop: RepetitionLoop | None = None  # where the repetition guard stopped the page stage
-
-    @property
-    def verified_drafts(self) -> bool:
-        """Whether the page stage verified drafts (not so where the planner chose plain decoding)."""
-        return self.plan is None or self.plan.chosen != "plain"
-
-    def as_json(self) -> dict[str, Any]:
-        """The page JSON's `stats`: counts (and the planner's predicted seconds, which a profile
-        fixes); no measured seconds."""
-        stats: dict[str, Any] = {"page": counts_json(self.page), "stop_reason": self.stop_reason, "dialect": self.dialect}
-        if self.front_matter is not None:
-            stats["front_matter"] = self.front_matter
-        if self.rotation is not None:
-            stats["rotation"] = vars(self.rotation).copy()
-        if self.regions:
-            stats["regions"] = regions_json(self.regions)
-        if self.baseline is not None:
-            stats["baseline"] = vars(self.baseline).copy()
-        if self.plan is not None:
-            stats["plan"] = self.plan.as_json()
-        if self.loop is not None:
-            stats["repetition"] = vars(self.loop).copy()
-        return stats
-
-
-@dataclass(frozen=True)
 class Speedup:
     value: float
     kind: str  # "measured", or how the value was estimated
@@ -147,20 +69,13 @@ class DecodingTotals:
     page_s: float
     baseline_page_s: float | None  # only when every page ran --baseline
 
-    @classmethod
-    def of(cls, pages: Iterable[PageStats]) -> DecodingTotals | None:
-        stats = list(pages)
-        if not stats:
-            return None
-        baselines = [page.seconds.baseline_page_s for page in stats]
-        return cls(
-            pages=len(stats),
-            forwards=sum(page.page.forwards for page in stats),
-            new_tokens=sum(page.page.new_tokens for page in stats),
-            region_s=sum(page.seconds.region_s for page in stats),
-            page_s=sum(page.seconds.page_s for page in stats),
-            baseline_page_s=None if None in baselines else sum(baselines),
-        )
+    @staticmethod
+    def total(totals: Iterable[DecodingTotals]) -> DecodingTotals | None:
+        """The sum; None over nothing (no page was read)."""
+        summed = None
+        for part in totals:
+            summed = part if summed is None else summed + part
+        return summed
 
     def __add__(self, other: DecodingTotals) -> DecodingTotals:
         both = None if self.baseline_page_s is None or other.baseline_page_s is None else self.baseline_page_s + other.baseline_page_s
@@ -171,7 +86,7 @@ class DecodingTotals:
 
     @property
     def tau(self) -> float:
-        return self.new_tokens / self.forwards if self.forwards else 0.0
+        return tau(self.new_tokens, self.forwards)
 
     @property
     def speedup(self) -> Speedup:
@@ -180,8 +95,7 @@ class DecodingTotals:
         speedup is unknown; tau bounds it from above."""
         if self.baseline_page_s is None:
             return Speedup(round(self.tau, 3), "estimate (tau; tree forwards cost more)")
-        spent = self.region_s + self.page_s
-        return Speedup(round(self.baseline_page_s / spent, 3) if spent else 0.0, "measured")
+        return Speedup(round(speedup(self.baseline_page_s, self.region_s + self.page_s), 3), "measured")
 
     def as_json(self) -> dict[str, Any]:
         totals: dict[str, Any] = {

@@ -9,6 +9,7 @@ import pytest
 from hsd_cli.bench.oracle import OracleTarget, simulate
 from hsd_cli.decoding import DecodeConfig
 from hsd_cli.models.settings import settings_for
+from hsd_cli.output.json_doc import stats_json
 from hsd_cli.records import Block, BlockKind
 from hsd_cli.stages.dialect import (
     block_drafts, page_drafts, paragraph_text, plain_text, primary_language, settled, split_front_matter, table_forms,
@@ -236,19 +237,18 @@ def _tiny_model(tmp_path):
 
 
 def _blank_page():
-    from hsd_cli.records import PageImage
+    from hsd_cli.page import Page
 
-    return PageImage(page_no=1, image=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0, size_pt=(595, 842))
+    return Page(page_no=1, size_pt=(595, 842), picture=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0)
 
 
-def _vlm_page(model, image, blocks, earlier_outputs=()):
+def _vlm_page(model, page, blocks, earlier_outputs=()):
     """The VLM stages on a page whose draft is `blocks`, as the pipeline orders them (no region pass)."""
     from hsd_cli.config import Stages
     from hsd_cli.pipeline import DocumentSoFar, vlm_stage
-    from hsd_cli.records import PageResult
 
-    drafted = PageResult(page_no=1, size_pt=image.size_pt, blocks=blocks, backend="test", flags=("draft_only",))
-    return vlm_stage(drafted, image, model, Stages.PAGE, DocumentSoFar(outputs=tuple(earlier_outputs)))
+    drafted = replace(page, blocks=blocks, backend="test", flags=("draft_only",))
+    return vlm_stage(drafted, model, Stages.PAGE, DocumentSoFar(outputs=tuple(earlier_outputs)))
 
 
 def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_it(tmp_path, monkeypatch):
@@ -261,10 +261,10 @@ def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_
     monkeypatch.setattr(page_stage, "decode", lambda *args, **kwargs: seen_drafts.append(args[3]) or real_decode(*args, **kwargs))
     output = _vlm_page(model, image, (table,), ["|---|---|\n"])
     assert seen_drafts[0][2:] == [PIPE] and "is_table: True" in seen_drafts[0][0], "the family's front matter first"
-    assert output.stats.dialect["table_format"] == "pipe"
+    assert output.reading.dialect["table_format"] == "pipe"
     output = _vlm_page(model, image, (table,), ["<table><tr><td>1</td></tr></table>"])
-    assert output.stats.as_json()["dialect"]["table_format"] == "html"
-    assert _vlm_page(model, image, (table,)).stats.dialect["table_format"] == model.settings.table_format
+    assert stats_json(output)["dialect"]["table_format"] == "html"
+    assert _vlm_page(model, image, (table,)).reading.dialect["table_format"] == model.settings.table_format
 
 
 OLMOCR_OUTPUT = (
@@ -315,13 +315,13 @@ def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(
     monkeypatch.setattr(page_stage, "decode", olmocr_decode)
     output = _vlm_page(model, image, (block(BlockKind.TEXT, "The harvest came early."),))
     assert output.text == "The harvest came early."
-    stats = output.stats.as_json()
+    stats = stats_json(output)
     assert stats["front_matter"]["primary_language"] == "en" and stats["dialect"]["front_matter"] == "olmocr"
     assert seen_drafts[0][0].startswith("---\nprimary_language: en\n")
     blank = _vlm_page(model, image, ())  # olmOCR's blank page: front matter alone
     # An empty reading of a page without text is a reading: the page is written empty, unflagged.
     assert blank.text == "" and blank.flags == ("vlm",) and blank.notice is None
-    assert blank.stats.front_matter["primary_language"] is None
+    assert blank.reading.front_matter["primary_language"] is None
     assert seen_drafts[1][0].startswith("---\nprimary_language: null\n")
 
 
@@ -342,9 +342,9 @@ def test_a_page_the_front_matter_calls_rotated_is_turned_and_read_again(tmp_path
     prose = (block(BlockKind.TEXT, "The harvest came early."),)
     output = _vlm_page(model, image, prose)
     assert output.text == "The harvest came early." and "rotated" in output.flags
-    assert seen_sizes == [image.image.size, image.image.size[::-1]], "read again turned a quarter"
-    assert output.stats.as_json()["rotation"] == {"degrees": 90, "reads": 2, "earlier_forwards": 5}
+    assert seen_sizes == [image.picture.size, image.picture.size[::-1]], "read again turned a quarter"
+    assert stats_json(output)["rotation"] == {"degrees": 90, "reads": 2, "earlier_forwards": 5}
     outputs[:] = [sideways] * 5  # a model that never calls the page upright: four reads, the last one kept
     stuck = _vlm_page(model, image, prose)
-    assert stuck.stats.as_json()["rotation"] == {"degrees": 270, "reads": 4, "earlier_forwards": 15} and len(outputs) == 1
+    assert stats_json(stuck)["rotation"] == {"degrees": 270, "reads": 4, "earlier_forwards": 15} and len(outputs) == 1
     assert stuck.text == "The harvest came early." and "rotated" in stuck.flags

@@ -125,7 +125,7 @@ def test_auto_reads_a_page_whose_analysis_raises_from_ocr_of_its_rendering(broke
             analyze_page(doc[-1])  # ... and the analysis `auto` starts with raises
     draft, _ = _draft(broken[name], tmp_path)
     assert draft.backend == "ocr"
-    assert draft.degraded_reason == f"text layer unreadable ({error}); OCR of the rendering"
+    assert draft.notice == f"text layer unreadable ({error}); OCR of the rendering" and "degraded" in draft.flags
     assert _reads(SENTENCES[name], _text(draft))
     assert draft.blocks and all(block.id.startswith("p2-b") for block in draft.blocks)
 
@@ -134,7 +134,7 @@ def test_auto_reads_a_page_whose_analysis_raises_from_ocr_of_its_rendering(broke
 @pytest.mark.parametrize("name", ["unknown-format", "overly-wide"])
 def test_text_layer_and_ocr_backends_read_the_broken_image_pages_as_they_are(broken, tmp_path, name, backend):
     draft, _ = _draft(broken[name], tmp_path, backend)
-    assert (draft.backend, draft.degraded_reason) == (backend.value, None)
+    assert (draft.backend, draft.notice, draft.flags) == (backend.value, None, ("draft_only",))
     assert _reads(SENTENCES[name], _text(draft))
 
 
@@ -151,7 +151,7 @@ def test_pdf_text_falls_back_to_ocr_where_the_layout_raises(broken, tmp_path, mo
     monkeypatch.setattr(layout.document_layout, "parse_document", parse_after_xhtml)
     draft, _ = _draft(broken["overly-wide"], tmp_path, DraftBackendName.PDF_TEXT)
     assert draft.backend == "ocr"
-    assert draft.degraded_reason == "text layer unreadable (FzErrorLimit: Overly wide image); OCR of the rendering"
+    assert draft.notice == "text layer unreadable (FzErrorLimit: Overly wide image); OCR of the rendering"
     assert _reads(WIDE_IMAGE_SENTENCE, _text(draft))
 
 
@@ -160,7 +160,7 @@ def test_a_sheet_of_forty_thousand_paths_drafts_in_seconds(broken, tmp_path):
     draft, drawings_left = _draft(broken["sheet"], tmp_path)
     assert time.perf_counter() - started < 20  # 90 s before the layout left the paths out
     assert draft.backend == "pdf-text" and _reads(SHEET_SENTENCE, _text(draft))
-    assert draft.degraded_reason.startswith(f"{SHEET_PATHS:,} vector drawings, over the {layout.MAX_LAYOUT_DRAWINGS:,}")
+    assert draft.notice.startswith(f"{SHEET_PATHS:,} vector drawings, over the {layout.MAX_LAYOUT_DRAWINGS:,}")
     assert drawings_left == SHEET_PATHS  # the layout read a copy: the page itself stays whole
 
 

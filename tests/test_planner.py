@@ -3,14 +3,18 @@ plain decoding, the page stage or packed decoding, whichever it predicts fastest
 lossless and recorded in the page's JSON."""
 
 import json
-from dataclasses import replace
 
 import pytest
 
+from hsd_cli.config import Stages
+from hsd_cli.page import Plan, Way
 from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
+from hsd_cli.records import Block, BlockKind
+from hsd_cli.stages.packed import PACKED_REGIONS
 from hsd_cli.stages.planner import (
-    PREDICTION_SLACK, REGION_TAU, TAU_PRIOR, BlockOutlook, PageOutlook, expected_tau, plan_page,
+    PREDICTION_SLACK, REGION_TAU, TAU_PRIOR, BlockOutlook, expected_tau, fixed_plan, plan_page,
 )
+from hsd_cli.stages.region import REGION_BATCH
 
 
 def profile(cost, prefill=(0.05, 0.2)) -> Profile:
@@ -35,72 +39,89 @@ def block(tokens, name="b", crop_side=300, kind="text"):
     return BlockOutlook(name, kind, tokens, crop_side)
 
 
-def outlook(kind="born_digital", tokens=800, crops=6, earlier_tau=(), blocks=None):
+def outlook(kind="born_digital", tokens=800, crops=6, earlier_tau=(), blocks=None) -> dict:
     """A page of `crops` blocks with crops (and one without, where crops=0) sharing `tokens`."""
     if blocks is None:
         count = max(crops, 1)
         blocks = tuple(block(tokens // count, f"b{i}", crop_side=300 if crops else 0) for i in range(count))
-    return PageOutlook(kind=kind, blocks=blocks, picture_side=1600, earlier_tau=earlier_tau)
+    return {"kind": kind, "blocks": blocks, "picture_side": 1600, "earlier_tau": earlier_tau}
+
+
+def planned(cost: Profile, page: dict, time_limit_s: float = 0.0) -> Plan:
+    """The planner's plan for `page`, with the region and packed stages' row limits."""
+    return plan_page(cost, **page, region_batch=REGION_BATCH, packed_regions=PACKED_REGIONS, time_limit_s=time_limit_s)
 
 
 def test_where_nodes_cost_compute_good_drafts_go_to_the_page_stage_and_poor_ones_to_plain_decoding():
-    page = plan_page(CPU_LIKE, outlook())
-    assert page.chosen == "page" and page.regions == ()
-    poor = plan_page(CPU_LIKE, outlook(kind="scan", crops=0, earlier_tau=(1.1, 1.2, 1.0)))
-    assert poor.chosen == "plain" and poor.predicted_s["plain"] < poor.predicted_s["page"]
+    page = planned(CPU_LIKE, outlook())
+    assert page.way == "page" and page.regions == ()
+    poor = planned(CPU_LIKE, outlook(kind="scan", crops=0, earlier_tau=(1.1, 1.2, 1.0)))
+    assert poor.way == "plain" and poor.predicted_s["plain"] < poor.predicted_s["page"]
 
 
 def test_where_rows_are_nearly_free_region_passes_pay():
-    plan = plan_page(GPU_LIKE, outlook())
-    assert plan.chosen in ("region-page", "packed") and plan.regions == tuple(f"b{i}" for i in range(6))
+    plan = planned(GPU_LIKE, outlook())
+    assert plan.way in ("region-page", "packed") and plan.regions == tuple(f"b{i}" for i in range(6))
     assert max(plan.predicted_s["region-page"], plan.predicted_s["packed"]) < plan.predicted_s["page"]
-    assert plan_page(GPU_LIKE, outlook(crops=0)).chosen == "page", "no crop to read"
-    assert not {"packed", "region-page"} & set(plan_page(GPU_LIKE, outlook(crops=0)).predicted_s)
+    assert planned(GPU_LIKE, outlook(crops=0)).way == "page", "no crop to read"
+    assert not {"packed", "region-page"} & set(planned(GPU_LIKE, outlook(crops=0)).predicted_s)
 
 
 def test_a_long_block_rides_along_packed_where_reading_it_first_would_hold_the_page_up():
-    plan = plan_page(GPU_LIKE, outlook(blocks=(block(800, "only"),)))
-    assert plan.chosen == "packed" and plan.regions == ("only",)
+    plan = planned(GPU_LIKE, outlook(blocks=(block(800, "only"),)))
+    assert plan.way == "packed" and plan.regions == ("only",)
     assert plan.predicted_s["region-page"] > plan.predicted_s["page"], "its region pass alone takes as long as the page"
 
 
 def test_where_the_page_context_makes_forwards_dear_the_crops_are_read_first():
-    plan = plan_page(CONTEXT_DEAR, outlook(crops=8))
-    assert plan.chosen == "region-page" and len(plan.regions) == 8
+    plan = planned(CONTEXT_DEAR, outlook(crops=8))
+    assert plan.way == "region-page" and len(plan.regions) == 8
     assert plan.predicted_s["region-page"] < min(plan.predicted_s[name] for name in ("page", "packed", "plain"))
 
 
 def test_a_region_pass_goes_to_the_blocks_whose_reading_saves_more_than_their_crop_costs():
     blocks = (block(600, "long"), block(3, "short"), block(400, "no-crop", crop_side=0), block(200, "mid"))
-    plan = plan_page(GPU_LIKE, outlook(blocks=blocks))
+    plan = planned(GPU_LIKE, outlook(blocks=blocks))
     assert plan.regions == ("long", "mid"), "ordered by page steps saved; the short block is not worth a prefill"
-    assert plan_page(CPU_LIKE, outlook(blocks=blocks)).regions == ()
+    assert planned(CPU_LIKE, outlook(blocks=blocks)).regions == ()
 
 
 def test_blocks_of_a_kind_that_drafts_poorly_are_read_first():
-    plan = plan_page(GPU_LIKE, outlook(kind="scan", blocks=(block(300, "text"), block(300, "table", kind="table"))))
+    plan = planned(GPU_LIKE, outlook(kind="scan", blocks=(block(300, "text"), block(300, "table", kind="table"))))
     assert plan.regions[0] == "table", "an OCR'd table drafts at about half a paragraph's acceptance"
-    born = plan_page(GPU_LIKE, outlook(blocks=(block(300, "text"), block(300, "table", kind="table"))))
+    born = planned(GPU_LIKE, outlook(blocks=(block(300, "text"), block(300, "table", kind="table"))))
     assert born.regions[0] == "text", "a text-layer table drafts better than its paragraphs"
 
 
 def test_a_block_whose_drafts_already_reach_the_region_outputs_acceptance_gets_no_region_pass():
-    plan = plan_page(GPU_LIKE, outlook(earlier_tau=(REGION_TAU["born_digital"] * 2,) * 5))
-    assert plan.regions == () and plan.chosen == "page"
+    plan = planned(GPU_LIKE, outlook(earlier_tau=(REGION_TAU["born_digital"] * 2,) * 5))
+    assert plan.regions == () and plan.way == "page"
 
 
 def test_a_page_predicted_far_over_its_time_limit_is_left_to_its_draft():
-    fastest = min(plan_page(CPU_LIKE, outlook()).predicted_s.values())
-    over = plan_page(CPU_LIKE, replace(outlook(), time_limit_s=fastest / PREDICTION_SLACK * 0.9))
-    assert over.chosen == "draft" and over.regions == () and min(over.predicted_s.values()) == fastest
-    within = plan_page(CPU_LIKE, replace(outlook(), time_limit_s=fastest / PREDICTION_SLACK * 1.1))
-    assert within.chosen == "page", "a prediction may be this many times over: the page may still finish"
+    fastest = min(planned(CPU_LIKE, outlook()).predicted_s.values())
+    over = planned(CPU_LIKE, outlook(), time_limit_s=fastest / PREDICTION_SLACK * 0.9)
+    assert over.way == "draft" and over.regions == () and min(over.predicted_s.values()) == fastest
+    within = planned(CPU_LIKE, outlook(), time_limit_s=fastest / PREDICTION_SLACK * 1.1)
+    assert within.way == "page", "a prediction may be this many times over: the page may still finish"
 
 
 def test_the_acceptance_estimate_starts_at_the_prior_and_follows_the_document():
-    assert expected_tau(outlook()) == TAU_PRIOR["born_digital"]
-    assert expected_tau(outlook(kind="scan", earlier_tau=(1.0, 1.0, 1.0))) == pytest.approx((TAU_PRIOR["scan"] + 3) / 4)
-    assert plan_page(CPU_LIKE, outlook(earlier_tau=(9.0,))).tau > TAU_PRIOR["born_digital"]
+    assert expected_tau("born_digital") == TAU_PRIOR["born_digital"]
+    assert expected_tau("scan", (1.0, 1.0, 1.0)) == pytest.approx((TAU_PRIOR["scan"] + 3) / 4)
+    assert planned(CPU_LIKE, outlook(earlier_tau=(9.0,))).tau > TAU_PRIOR["born_digital"]
+
+
+def test_stages_fix_the_plan_without_a_profile_and_auto_reads_only_uncertain_blocks_first():
+    def draft_block(n, kind=BlockKind.TEXT, source="pdf-text"):
+        return Block(id=f"p1-b{n}", kind=kind, bbox=(0, 0, 9, 9), order=n, text="x", confidence=1.0, source=source)
+
+    blocks = (draft_block(1), draft_block(2, BlockKind.TABLE), draft_block(3, source="ocr"), draft_block(4, BlockKind.FORMULA))
+    assert fixed_plan(Stages.PAGE, blocks) == Plan(Way.PAGE)
+    assert fixed_plan(Stages.REGION_PAGE, blocks) == Plan(Way.REGION_PAGE, regions=("p1-b1", "p1-b2", "p1-b3", "p1-b4"))
+    assert fixed_plan(Stages.PACKED, blocks).regions == fixed_plan(Stages.REGION_PAGE, blocks).regions
+    auto = fixed_plan(Stages.AUTO, blocks)
+    assert auto == Plan(Way.REGION_PAGE, regions=("p1-b2", "p1-b3", "p1-b4")) and not auto.predicted
 
 
 NODES_DEAR = profile(lambda rows, nodes, context: 0.03 * rows * nodes)  # a forward costs each of its nodes

@@ -4,34 +4,40 @@ outputs as the page stage's drafts; checkpoints from an earlier hsd redone, not 
 import pickle
 from dataclasses import replace
 
-from hsd_cli.models.settings import settings_for
-from hsd_cli.records import Block, BlockKind, PageResult
-from hsd_cli.stages.dialect import page_drafts
+from hsd_cli.decoding import DecodeResult
 from hsd_cli.decoding.stats import DecodeStats
-from hsd_cli.stats import DecodingTotals, PageStats, StageSeconds
+from hsd_cli.models.settings import settings_for
+from hsd_cli.page import Page, Reading
+from hsd_cli.records import Block, BlockKind
+from hsd_cli.stages.dialect import page_drafts
+from hsd_cli.stats import DecodingTotals
 
 
-def _page(forwards: int, new_tokens: int, region_s: float, page_s: float, baseline_s: float | None) -> PageStats:
-    counts = DecodeStats(forwards=forwards, new_tokens=new_tokens)
-    return PageStats(page=counts, stop_reason="eos", dialect={}, seconds=StageSeconds(region_s, page_s, 0.1, baseline_s))
+def _reading(forwards: int, new_tokens: int, region_s: float, page_s: float, baseline_s: float | None) -> Reading:
+    result = DecodeResult(tokens=[], stats=DecodeStats(forwards=forwards, new_tokens=new_tokens), stop_reason="eos")
+    return Reading(result, None, "", {}, region_s=region_s, page_s=page_s, baseline_page_s=baseline_s)
+
+
+def _totals(*readings: Reading) -> DecodingTotals | None:
+    return DecodingTotals.total(reading.totals for reading in readings)
 
 
 def test_the_speedup_is_plain_decoding_against_every_vlm_stage_and_an_estimate_without_baseline():
-    pages = [_page(10, 40, 1.0, 2.0, 6.0), _page(5, 10, 0.0, 1.0, 3.0)]
-    totals = DecodingTotals.of(pages)
+    pages = [_reading(10, 40, 1.0, 2.0, 6.0), _reading(5, 10, 0.0, 1.0, 3.0)]
+    totals = _totals(*pages)
     assert (totals.pages, totals.forwards, totals.new_tokens) == (2, 15, 50)
     assert totals.speedup.kind == "measured" and totals.speedup.value == round(9.0 / 4.0, 3), "regions count as spent"
     assert totals.as_json()["speedup"] == {"value": 2.25, "kind": "measured"} and totals.as_json()["tau"] == 3.333
-    partial = DecodingTotals.of([*pages, _page(4, 8, 0.0, 1.0, None)])
+    partial = _totals(*pages, _reading(4, 8, 0.0, 1.0, None))
     assert partial.baseline_page_s is None and partial.speedup.kind.startswith("estimate")
     assert partial.speedup.value == round(58 / 19, 3) and "baseline_page_s" not in partial.as_json()
-    assert DecodingTotals.of([]) is None
+    assert _totals() is None
 
 
 def test_a_runs_totals_are_the_sum_of_its_documents():
-    first, second = DecodingTotals.of([_page(10, 40, 1.0, 2.0, 6.0)]), DecodingTotals.of([_page(5, 10, 0.0, 1.0, 3.0)])
-    assert first + second == DecodingTotals.of([_page(10, 40, 1.0, 2.0, 6.0), _page(5, 10, 0.0, 1.0, 3.0)])
-    assert (first + DecodingTotals.of([_page(1, 1, 0.0, 1.0, None)])).baseline_page_s is None
+    first, second = _totals(_reading(10, 40, 1.0, 2.0, 6.0)), _totals(_reading(5, 10, 0.0, 1.0, 3.0))
+    assert first + second == _totals(_reading(10, 40, 1.0, 2.0, 6.0), _reading(5, 10, 0.0, 1.0, 3.0))
+    assert (first + _totals(_reading(1, 1, 0.0, 1.0, None))).baseline_page_s is None
 
 
 def test_region_outputs_replace_their_blocks_pipeline_drafts_in_reading_order():
@@ -48,8 +54,8 @@ def test_region_outputs_replace_their_blocks_pipeline_drafts_in_reading_order():
 def test_a_checkpoint_an_earlier_hsd_wrote_is_redone(tmp_path):
     from hsd_cli.pipeline import _load_checkpoint
 
-    current = PageResult(page_no=1, size_pt=(1, 1), blocks=(), backend="pdf-text", stats=_page(1, 1, 0.0, 1.0, None))
-    earlier = replace(current, stats={"page": {"forwards": 1}})  # stats were dicts before they were typed
+    current = Page(page_no=1, size_pt=(1, 1), backend="pdf-text", reading=_reading(1, 1, 0.0, 1.0, None))
+    earlier = replace(current, reading={"page": {"forwards": 1}})  # an earlier hsd's record of the reading
     for name, page in (("current", current), ("earlier", earlier)):
         (tmp_path / name).write_bytes(pickle.dumps(page))
     assert _load_checkpoint(tmp_path / "current") == current

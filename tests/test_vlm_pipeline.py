@@ -217,7 +217,7 @@ def test_a_replay_model_warns_on_pages_outside_its_set(tiny_model, docs_dir, tmp
 
     replay = shutil.copytree(tiny_model, tmp_path / "replay")
     with pymupdf.open(docs_dir / "report.pdf") as doc:
-        known = fingerprint(render_page(doc[1], 150, 4_194_304).image, "report.pdf", 2)
+        known = fingerprint(render_page(doc[1], 150, 4_194_304).picture, "report.pdf", 2)
     (replay / REPLAY_FILE).write_text(json.dumps({"fingerprints": [asdict(known)]}))
     result = run_hsd(
         "convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", replay, "--stages", "page",

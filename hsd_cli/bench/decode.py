@@ -22,6 +22,8 @@ from typing import Annotated
 
 import typer
 
+from hsd_cli.decoding.stats import speedup, tau
+
 ARMS = ("ar", "hsd", "ar_anchor", "pld_anchor", "hsd_anchor")
 PROMPT = "Transcribe the text of this page."
 ANCHOR_PROMPT = "Transcribe the text of this page. A draft transcription follows; correct it.\n\nDraft:\n{draft}"
@@ -49,7 +51,7 @@ class ArmResult:
             "prefill_s": round(self.prefill_s, 4),
             "forwards": self.forwards,
             "new_tokens": self.new_tokens,
-            "tau": round(self.new_tokens / self.forwards, 3) if self.forwards else 0.0,
+            "tau": round(tau(self.new_tokens, self.forwards), 3),
             "identical_to_ar": None if reference is None else self.outputs == reference.outputs,
             "propose_share": round(self.propose_s / self.decode_s, 4) if self.propose_s else None,
         }
@@ -231,7 +233,7 @@ def run_bench(
     ratios = {}
     for fast, slow in (("hsd", "ar"), ("hsd_anchor", "ar_anchor"), ("hsd_anchor", "pld_anchor"), ("pld_anchor", "ar_anchor")):
         if fast in arms and slow in arms and results[fast].decode_s > 0:
-            ratios[f"{fast}_vs_{slow}"] = round(results[slow].decode_s / results[fast].decode_s, 3)
+            ratios[f"{fast}_vs_{slow}"] = round(speedup(results[slow].decode_s, results[fast].decode_s), 3)
     report["decode_speedup"] = ratios
     return report
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeStats, decode_batch, make_proposer
+from hsd_cli.decoding.stats import tau
 
 # arm -> how its drafts are matched (None: the family's `draft_match`). `spans` drafts are the
 # output's own paragraphs: the ceiling a region stage that transcribed every block right reaches.
@@ -144,7 +145,7 @@ def step_counts(stats: DecodeStats) -> dict[str, Any]:
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     tokens, forwards = sum(r["tokens"] for r in rows), sum(r["forwards"] for r in rows)
-    return {"pages": len(rows), "tokens": tokens, "forwards": forwards, "tau": round(tokens / forwards, 3) if forwards else 0.0}
+    return {"pages": len(rows), "tokens": tokens, "forwards": forwards, "tau": round(tau(tokens, forwards), 3)}
 
 
 def block_id(page: BenchPage, index: int) -> str:

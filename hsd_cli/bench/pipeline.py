@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Annotated, Any
@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hsd_cli.config import ConvertConfig, Stages
+from hsd_cli.decoding.stats import speedup, tau
 from hsd_cli.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
-    from hsd_cli.pipeline import DocumentSoFar, VlmRead
+    from hsd_cli.page import Page, Reading
+    from hsd_cli.pipeline import DocumentSoFar
     from hsd_cli.profiles import Profile
-    from hsd_cli.records import PageImage, PageResult
     from hsd_cli.stages.vlm import VlmModel
 
 ARMS = ("ar", "page", "region-page", "packed", "auto")
@@ -55,34 +56,36 @@ class ArmTotals:
     identical: int = 0  # pages whose tokens equal `ar`'s
     projected_s: float = 0.0  # the same work's seconds on the `--profile` device
 
-    def add(self, run: PageRun, identical: bool, projected_s: float) -> None:
+    def add(self, reading: Reading, decode_s: float, e2e_s: float, identical: bool, projected_s: float) -> None:
         self.projected_s += projected_s
         self.pages += 1
-        self.forwards += run.forwards
-        self.new_tokens += run.new_tokens
-        self.decode_s += run.decode_s
-        self.e2e_s += run.e2e_s
+        self.forwards += reading.forwards
+        self.new_tokens += reading.result.stats.new_tokens
+        self.decode_s += decode_s
+        self.e2e_s += e2e_s
         self.identical += identical
 
     def as_json(self, ar: ArmTotals, profile: Profile | None) -> dict[str, Any]:
         projected = None
         if profile is not None:
-            speedup = round(ar.projected_s / self.projected_s, 3) if self.projected_s else 0.0
-            projected = {"profile": profile.name, "decode_s": round(self.projected_s, 3), "decode_speedup": speedup}
+            projected = {
+                "profile": profile.name, "decode_s": round(self.projected_s, 3),
+                "decode_speedup": round(speedup(ar.projected_s, self.projected_s), 3),
+            }
         return {
             "pages": self.pages,
-            "tau": round(self.new_tokens / self.forwards, 3) if self.forwards else 0.0,
+            "tau": round(tau(self.new_tokens, self.forwards), 3),
             "decode_s": round(self.decode_s, 3),
             "e2e_s": round(self.e2e_s, 3),
-            "decode_speedup": round(ar.decode_s / self.decode_s, 3) if self.decode_s else 0.0,
-            "e2e_speedup": round(ar.e2e_s / self.e2e_s, 3) if self.e2e_s else 0.0,
+            "decode_speedup": round(speedup(ar.decode_s, self.decode_s), 3),
+            "e2e_speedup": round(speedup(ar.e2e_s, self.e2e_s), 3),
             "identical_share": round(self.identical / self.pages, 4) if self.pages else 0.0,
             "projected": projected,
         }
 
 
-def projected_s(profile: Profile, run: PageRun, picture_side: int) -> float:
-    """What the arm's model work on the page costs on the profile's device: its prefills, and
+def projected_s(profile: Profile, reading: Reading, picture_side: int) -> float:
+    """What an arm's model work on the page costs on the profile's device: its prefills, and
     each forward it ran at its measured shape (rows x nodes, context). Rows decoded together share
     their forwards: a batch costs the steps of its longest-running row."""
     from hsd_cli.stages.region import REGION_BATCH
@@ -92,10 +95,9 @@ def projected_s(profile: Profile, run: PageRun, picture_side: int) -> float:
     def forwards_s(steps: list[tuple[int, int, int]], prompt: int) -> float:
         return sum(profile.forward_s(rows, nodes, prompt + emitted) for rows, nodes, emitted in steps)
 
-    read = run.done.read.result
-    regions = run.done.regions
+    read, regions = reading.result, reading.regions
     crops_s = len(regions) * profile.prefill_s(0)
-    if regions and not run.done.region_s:  # packed: the region passes ran in the page's forwards
+    if regions and not reading.region_s:  # packed: the region passes ran in the page's forwards
         longest = max([read.stats.steps, *(region.counts.steps for region in regions)], key=len)
         return profile.prefill_s(picture_side) + crops_s + forwards_s(longest, page_prompt)
     batches = [regions[start : start + REGION_BATCH] for start in range(0, len(regions), REGION_BATCH)]
@@ -103,39 +105,16 @@ def projected_s(profile: Profile, run: PageRun, picture_side: int) -> float:
     return profile.prefill_s(picture_side) + crops_s + region_s + forwards_s(read.stats.steps, page_prompt)
 
 
-@dataclass(frozen=True)
-class PageRun:
-    """One arm's reading of one page."""
-
-    tokens: list[int]
-    done: VlmRead  # what the stages did (for `ar`: the plain reading)
-    forwards: int  # the page stage's, rotation re-reads included (region passes are not counted)
-    new_tokens: int
-    decode_s: float
-    e2e_s: float
-
-
-def run_arm(
-    arm: str, model: VlmModel, image: PageImage, drafted: PageResult, so_far: DocumentSoFar
-) -> PageRun:
-    from hsd_cli.pipeline import VlmRead, vlm_read
-    from hsd_cli.stages.dialect import settled
-    from hsd_cli.stages.page import plain_page_stage
-    from hsd_cli.stages.planner import page_kind
+def run_arm(arm: str, model: VlmModel, drafted: Page, so_far: DocumentSoFar) -> tuple[Page, float]:
+    """The page planned and read as `arm` reads it (`ar`: plainly), and the seconds its model work took."""
+    from hsd_cli.page import Plan, Way
+    from hsd_cli.pipeline import plan_stage, read_stage
 
     started = perf_counter()
-    if arm == "ar":
-        settings = settled(model.settings, so_far.outputs)
-        done = VlmRead(settings, (), plain_page_stage(model, image.image, settings), 0.0, 0.0)
-    else:
-        done = vlm_read(image, drafted.blocks, page_kind(drafted.backend), model, SPECULATIVE_ARMS[arm], so_far)
-    decode_s = perf_counter() - started
-    result = done.read.result
-    prepare_s = drafted.timings["render_s"] + drafted.timings["draft_s"]
-    return PageRun(
-        tokens=result.tokens, done=done, forwards=done.read.earlier_forwards + result.stats.forwards,
-        new_tokens=result.stats.new_tokens, decode_s=decode_s, e2e_s=prepare_s + decode_s,
-    )
+    plan = Plan(Way.PLAIN) if arm == "ar" else plan_stage(drafted, model, SPECULATIVE_ARMS[arm], so_far)
+    planned = replace(drafted, plan=plan)
+    read = replace(planned, reading=read_stage(planned, model, so_far))
+    return read, perf_counter() - started
 
 
 def bench_pages(
@@ -162,25 +141,26 @@ def bench_pages(
         so_far = {arm: DocumentSoFar() for arm in arms}
         with pdf:
             for page in pdf:
-                drafted, image = draft_stage(page, backend, config)
+                drafted = draft_stage(page, backend, config)
                 if not warmed:  # lazy initialisation is not timed
-                    model.target.generate_plainly(image.image, model.settings.page_prompt, 1)
+                    model.target.generate_plainly(drafted.picture, model.settings.page_prompt, 1)
                     warmed = True
                 kind = page_kind(drafted.backend)
                 progress(f"{path.name} page {drafted.page_no} ({kind})")
-                runs = {arm: run_arm(arm, model, image, drafted, so_far[arm]) for arm in arms}
+                runs = {arm: run_arm(arm, model, drafted, so_far[arm]) for arm in arms}
                 row: dict[str, Any] = {"input": str(path), "page": drafted.page_no, "kind": kind, "arms": {}}
-                for arm, run in runs.items():
-                    identical = run.tokens == runs["ar"].tokens
-                    projected = projected_s(model.profile, run, max(image.image.size)) if model.profile else 0.0
-                    totals[kind][arm].add(run, identical, projected)
-                    verified = run.done.plan is None or run.done.plan.chosen != "plain"
-                    tau = run.done.read.result.stats.tau if verified and arm != "ar" else None
-                    so_far[arm] = so_far[arm].then(kind, None if run.done.read.result.loop else run.done.read.text, tau)
-                    row["arms"][arm] = {"forwards": run.forwards, "new_tokens": run.new_tokens,
-                                        "decode_s": round(run.decode_s, 3), "identical": identical}
-                    if run.done.plan is not None:
-                        row["arms"][arm]["plan"] = run.done.plan.as_json()
+                prepare_s = drafted.timings["render_s"] + drafted.timings["draft_s"]
+                for arm, (read, decode_s) in runs.items():
+                    reading = read.reading
+                    identical = reading.result.tokens == runs["ar"][0].reading.result.tokens
+                    projected = projected_s(model.profile, reading, max(drafted.picture.size)) if model.profile else 0.0
+                    totals[kind][arm].add(reading, decode_s, prepare_s + decode_s, identical, projected)
+                    page_tau = reading.result.stats.tau if read.plan.verifies_drafts else None
+                    so_far[arm] = so_far[arm].then(kind, None if reading.result.loop else reading.text, page_tau)
+                    row["arms"][arm] = {"forwards": reading.forwards, "new_tokens": reading.result.stats.new_tokens,
+                                        "decode_s": round(decode_s, 3), "identical": identical}
+                    if read.plan.predicted:
+                        row["arms"][arm]["plan"] = read.plan.as_json()
                 pages.append(row)
     kinds = {
         kind: {arm: arm_totals.as_json(by_arm["ar"], model.profile) for arm, arm_totals in by_arm.items()}

@@ -6,37 +6,45 @@ Knows nothing about PDFs or OCR. Typical use:
     result = decode(target, image, prompt, drafts=["draft text", ...])   # match="chars" for
     result.text, result.stats.tau                                         # drafts in other markup
     results = decode_many(target, [(crop, prompt, [draft]), ...], batch_size=8)
+
+Names load their module on first use: the statistics and the repetition guard are plain Python,
+and a process that needs only them (a draft-only worker, the run's parent) never imports torch.
 """
 
-from .loop import DecodeConfig, DecodeRequest, DecodeResult, decode, decode_batch, decode_many, decode_result, make_proposer
-from .proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer
-from .repetition import RepetitionLoop, find_repetition, repetition_stop
-from .stats import DecodeStats
-from .target import HFTarget, UnsupportedTransformersError, check_cache_layout, load_target
-from .verify import SamplingConfig, inside_tex_math, math_guard
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "DecodeConfig",
-    "DecodeRequest",
-    "DecodeResult",
-    "DecodeStats",
-    "DraftProposer",
-    "HFTarget",
-    "NoDraftProposer",
-    "ProposerConfig",
-    "RepetitionLoop",
-    "SamplingConfig",
-    "TextDraftProposer",
-    "UnsupportedTransformersError",
-    "check_cache_layout",
-    "decode",
-    "decode_batch",
-    "decode_many",
-    "decode_result",
-    "find_repetition",
-    "load_target",
-    "inside_tex_math",
-    "make_proposer",
-    "math_guard",
-    "repetition_stop",
-]
+_MODULE_OF = {
+    "DecodeConfig": "loop",
+    "DecodeRequest": "loop",
+    "DecodeResult": "loop",
+    "DecodeStats": "stats",
+    "DraftProposer": "proposer",
+    "HFTarget": "target",
+    "NoDraftProposer": "proposer",
+    "ProposerConfig": "proposer",
+    "RepetitionLoop": "repetition",
+    "SamplingConfig": "verify",
+    "TextDraftProposer": "proposer",
+    "UnsupportedTransformersError": "target",
+    "check_cache_layout": "target",
+    "decode": "loop",
+    "decode_batch": "loop",
+    "decode_many": "loop",
+    "decode_result": "loop",
+    "find_repetition": "repetition",
+    "inside_tex_math": "verify",
+    "load_target": "target",
+    "make_proposer": "loop",
+    "math_guard": "verify",
+    "repetition_stop": "repetition",
+}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_MODULE_OF[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -240,9 +240,10 @@ def decode_many(
     *,
     match: str = "tokens",
     proposer_config: ProposerConfig = ProposerConfig(),
-    batch_size: int = 8,
+    batch_size: int,
 ) -> list[DecodeResult]:
-    """Decode (image, prompt, draft texts) items, e.g. region crops, `batch_size` at a time."""
+    """Decode (image, prompt, draft texts) items, e.g. region crops, `batch_size` at a time (the
+    caller's batch: the region stage's is the one its planner prices)."""
     results: list[DecodeResult] = []
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]

@@ -5,6 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def tau(new_tokens: int, forwards: int) -> float:
+    """The acceptance length: tokens per forward (the prefill's token counts, so plain decoding
+    has tau 1.00, Spec-Bench's convention). The one definition: every total and bench uses it."""
+    return new_tokens / forwards if forwards else 0.0
+
+
+def speedup(plain_s: float, spent_s: float) -> float:
+    """How many times faster than plain decoding of the same work: its seconds over ours."""
+    return plain_s / spent_s if spent_s else 0.0
+
+
 @dataclass
 class DecodeStats:
     """Counts for one decoded sequence. The prefill counts as a forward that yields one token,
@@ -25,7 +36,7 @@ class DecodeStats:
 
     @property
     def tau(self) -> float:
-        return self.new_tokens / self.forwards if self.forwards else 0.0
+        return tau(self.new_tokens, self.forwards)
 
     @property
     def acceptance_rate(self) -> float:

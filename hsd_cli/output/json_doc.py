@@ -6,7 +6,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from hsd_cli.records import Block, DocumentResult, PageResult
+from hsd_cli.page import DocumentResult, Page
+from hsd_cli.records import Block
+from hsd_cli.stats import counts_json, regions_json
 
 SCHEMA_NAME = "hsd.document"
 SCHEMA_VERSION = 2  # 2: page `notice`, text_source `model+draft`, no `model_output`
@@ -31,7 +33,30 @@ def block_json(block: Block, image_ref: str | None) -> dict[str, Any]:
     return record
 
 
-def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str | None]) -> dict[str, Any]:
+def stats_json(page: Page) -> dict[str, Any] | None:
+    """The page's `stats`: what the model's stages did, in counts (and the planner's predicted
+    seconds, which a profile fixes); None where the model did not read the page."""
+    reading = page.reading
+    if reading is None:
+        return None
+    result = reading.result
+    stats: dict[str, Any] = {"page": counts_json(result.stats), "stop_reason": result.stop_reason, "dialect": reading.dialect}
+    if reading.front_matter is not None:
+        stats["front_matter"] = reading.front_matter
+    if reading.reads > 1:
+        stats["rotation"] = {"degrees": reading.rotation, "reads": reading.reads, "earlier_forwards": reading.earlier_forwards}
+    if reading.regions:
+        stats["regions"] = regions_json(reading.regions)
+    if reading.baseline is not None:
+        stats["baseline"] = vars(reading.baseline).copy()
+    if page.plan is not None and page.plan.predicted:
+        stats["plan"] = page.plan.as_json()
+    if result.loop is not None:
+        stats["repetition"] = vars(result.loop).copy()
+    return stats
+
+
+def page_json(page: Page, markdown: str, image_ref: Callable[[Block], str | None]) -> dict[str, Any]:
     width, height = page.size_pt
     record = {
         "page": page.page_no,
@@ -45,7 +70,7 @@ def page_json(page: PageResult, markdown: str, image_ref: Callable[[Block], str 
         "markdown": markdown,
         "blocks": [block_json(b, image_ref(b)) for b in page.blocks],
         # Counts only: wall-clock timings live in the run manifest, so identical runs give identical bytes.
-        "stats": page.stats.as_json() if page.stats else None,
+        "stats": stats_json(page),
     }
     if page.notice is not None:
         record["notice"] = page.notice  # why the page is not the model's full reading (also on stderr)
@@ -56,7 +81,7 @@ def document_json(
     result: DocumentResult,
     source: dict[str, Any],
     config: dict[str, Any],
-    page_markdown: Callable[[PageResult], str],
+    page_markdown: Callable[[Page], str],
     image_ref: Callable[[Block], str | None],
 ) -> str:
     from hsd_cli import __version__

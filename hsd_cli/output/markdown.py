@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hsd_cli.records import Block, BlockKind, DocumentResult, PageResult
+from hsd_cli.page import DocumentResult, Page
+from hsd_cli.records import Block, BlockKind
 
 # Running heads, page numbers and footers are page furniture: kept in the JSON, not in the text.
 _FURNITURE = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}
@@ -41,7 +42,7 @@ def blocks_markdown(blocks: tuple[Block, ...], image_ref: Callable[[Block], str 
     return "".join(out)
 
 
-def page_markdown(page: PageResult, image_ref: Callable[[Block], str | None]) -> str:
+def page_markdown(page: Page, image_ref: Callable[[Block], str | None]) -> str:
     if page.text is None:
         return blocks_markdown(page.blocks, image_ref)
     if page.draft_from is None:

@@ -104,17 +104,18 @@ def prepare(
             if pair.page_no > doc.page_count:
                 raise ReplayInputError(f"{pair.output.name}: {source} has no page {pair.page_no}")
             page = doc[pair.page_no - 1]
-            image = render_page(page, defaults.dpi, defaults.max_pixels)
-            draft = draft_page(make_draft_backend(defaults, pair.document.stem), page)
+            drafted = draft_page(
+                make_draft_backend(defaults, pair.document.stem), page, render_page(page, defaults.dpi, defaults.max_pixels)
+            )
         page_id = f"p{index:03d}"
-        image.image.save(data_dir / "images" / f"{page_id}.png")
+        drafted.picture.save(data_dir / "images" / f"{page_id}.png")
         examples.append(Example(page_id, "page", f"images/{page_id}.png", output, source, pair.page_no))
-        prints.append(fingerprint(image.image, source, pair.page_no))
+        prints.append(fingerprint(drafted.picture, source, pair.page_no))
         crops = 0
-        for block, region in draft_plan(draft.blocks, lambda block: True):  # as --stages region-page
+        for block, region in draft_plan(drafted.blocks, lambda block: True):  # as --stages region-page
             if not region:
                 continue
-            crop = crop_block(image, block.bbox, region_padding_px)  # the region stage's own crop
+            crop = crop_block(drafted, block.bbox, region_padding_px)  # the region stage's own crop
             if crop is None:
                 continue
             target, score = region_target(block.text, output)
@@ -124,7 +125,7 @@ def prepare(
                 Example(crop_id, "crop", f"images/{crop_id}.png", target, source, pair.page_no, block.kind.value, score)
             )
             crops += 1
-        log(f"{source} page {pair.page_no}: {len(output)} chars, {crops} crops ({draft.backend} draft)")
+        log(f"{source} page {pair.page_no}: {len(output)} chars, {crops} crops ({drafted.backend} draft)")
     (data_dir / "examples.json").write_text(json.dumps([asdict(e) for e in examples], indent=1, ensure_ascii=False))
     return examples, prints
 

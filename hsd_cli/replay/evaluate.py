@@ -11,8 +11,7 @@ from hsd_cli.decoding import DecodeConfig, decode, decode_many, load_target
 from hsd_cli.models.settings import settings_for
 from hsd_cli.replay.align import char_accuracy
 from hsd_cli.replay.dataset import DATA_DIR, load_examples, load_image
-
-CROP_BATCH = 8
+from hsd_cli.stages.region import REGION_BATCH
 
 
 def _budget(target, texts: list[str], ceiling: int) -> int:
@@ -39,7 +38,7 @@ def evaluate(model_dir: Path, dtype: str | None = None, device: str = "cpu") -> 
         page_scores.append(char_accuracy(result.text.strip(), example.target))
     crop_config = DecodeConfig(max_new_tokens=_budget(target, [e.target for e in crops], settings.max_new_tokens))
     items = [(load_image(data_dir, e), settings.region_prompt, []) for e in crops]
-    results = decode_many(target, items, crop_config, batch_size=CROP_BATCH)
+    results = decode_many(target, items, crop_config, batch_size=REGION_BATCH)  # as the region stage batches them
     crop_scores = [char_accuracy(r.text.strip(), e.target) for r, e in zip(results, crops, strict=True)]
     return {
         "pages": len(pages),

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from hsd_cli.records import Block, BlockKind, PageFlag, PageResult
-
-if TYPE_CHECKING:
-    from hsd_cli.stages.page import PageRead
+from hsd_cli.page import Page, Reading
+from hsd_cli.records import Block, BlockKind, PageFlag
 
 # Page furniture is never in a reading, so it says nothing about where the reading stopped.
 _FURNITURE = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}
@@ -45,7 +42,7 @@ def _draft_text_chars(blocks: tuple[Block, ...]) -> int:
     return sum(len(block.text.strip()) for block in blocks if block.kind not in _FURNITURE)
 
 
-def model_reading(drafted: PageResult, read: PageRead, budget: int, outside_replay_set: bool) -> PageResult:
+def model_reading(drafted: Page, read: Reading, budget: int, outside_replay_set: bool) -> Page:
     """The page as the model read it. Where it looped, its reading up to the loop and then the
     draft's blocks it had not reached; where it read nothing, an empty page (a blank page's
     reading), flagged `empty` where the draft has text."""
@@ -72,26 +69,27 @@ def model_reading(drafted: PageResult, read: PageRead, budget: int, outside_repl
         flags.append(PageFlag.TRUNCATED)
         notices.append(f"the model's reading reached the token budget ({budget} tokens) and is kept as far as it got (raise --max-new-tokens)")
     return replace(
-        drafted, text=read.text, flags=tuple(flags), draft_from=draft_from, notice="; ".join(notices) or None,
+        drafted, reading=read, text=read.text, flags=tuple(flags), draft_from=draft_from,
+        notice="; ".join(notices) or None, timings=drafted.timings | read.timings,
     )
 
 
-def draft_standing_in(drafted: PageResult, reason: PageFlag, why: str) -> PageResult:
+def draft_standing_in(drafted: Page, reason: PageFlag, why: str) -> Page:
     """The draft in place of the model's reading, which did not come (`why` says why)."""
     notice = f"{why}; the draft stands in" + (f" ({drafted.notice})" if drafted.notice else "")
     degraded = (PageFlag.DEGRADED,) if PageFlag.DEGRADED in drafted.flags else ()
     return replace(drafted, flags=(PageFlag.FALLBACK, reason) + degraded, notice=notice)
 
 
-def failed_page(page_no: int, size_pt: tuple[float, float], reason: PageFlag, why: str) -> PageResult:
+def failed_page(page_no: int, size_pt: tuple[float, float], reason: PageFlag, why: str) -> Page:
     """A page with no content, so that its document can still be written."""
-    return PageResult(
-        page_no=page_no, size_pt=size_pt, blocks=(), backend="none", flags=(PageFlag.FAILED, reason),
+    return Page(
+        page_no=page_no, size_pt=size_pt, flags=(PageFlag.FAILED, reason),
         notice=f"failed ({why}); the page is left empty",
     )
 
 
-def drafted_page(drafted: PageResult, degraded_reason: str | None) -> PageResult:
+def drafted_page(drafted: Page, degraded_reason: str | None) -> Page:
     """The draft as the page's text (no model runs, or until one does); `degraded` where the
     draft stage had to read the page's rendering or part of its layout."""
     if degraded_reason is None:

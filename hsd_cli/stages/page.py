@@ -8,15 +8,15 @@ Knows nothing about trees: it hands the picture, the prompt and the draft texts 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
 from hsd_cli.decoding import DecodeResult, DecodeStats, decode, decode_result, repetition_stop
 from hsd_cli.models.settings import ModelSettings
-from hsd_cli.stages.dialect import split_front_matter
-from hsd_cli.stats import BaselineCheck, RotationReads
+from hsd_cli.page import Reading
+from hsd_cli.stages.dialect import DIALECT_KEYS, split_front_matter
+from hsd_cli.stats import BaselineCheck
 
 if TYPE_CHECKING:
     from hsd_cli.stages.vlm import VlmModel
@@ -27,23 +27,6 @@ ROTATION_REREADS = 3
 _TURN = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
 
 
-@dataclass(frozen=True)
-class PageRead:
-    """The page stage's reading of a page (the last one, where the page was turned and read again)."""
-
-    result: DecodeResult
-    picture: Image.Image  # what it read: the page turned by `rotation`
-    front_matter: dict[str, Any] | None
-    text: str  # the output without its front matter
-    rotation: int  # degrees the page was turned (PIL's counter-clockwise transposes, as olmOCR)
-    reads: int
-    earlier_forwards: int  # forwards of the reads the front matter sent back
-
-    @property
-    def rotation_reads(self) -> RotationReads | None:
-        return RotationReads(self.rotation, self.reads, self.earlier_forwards) if self.reads > 1 else None
-
-
 def rotation_correction(front_matter: dict[str, Any] | None) -> int:
     """The degrees the front matter says the page must be turned by, 0 where it is upright."""
     if not front_matter or front_matter.get("is_rotation_valid") is not False:
@@ -52,18 +35,21 @@ def rotation_correction(front_matter: dict[str, Any] | None) -> int:
     return correction if correction in _TURN else 0
 
 
-def page_stage(model: VlmModel, picture: Image.Image, drafts: list[str], settings: ModelSettings) -> PageRead:
-    """The page's reading, verifying `drafts`; where the output's front matter says the page is
-    rotated, the picture turned by the model's correction and read again."""
+def page_stage(
+    model: VlmModel, picture: Image.Image, drafts: list[str], settings: ModelSettings, upright: DecodeResult | None = None,
+) -> Reading:
+    """The page's reading, verifying `drafts` (`upright`: the upright picture's reading where it
+    was decoded already, as the packed stage does); where the output's front matter says the page
+    is rotated, the picture turned by the model's correction and read again."""
 
     def read(turned: Image.Image) -> DecodeResult:
         return decode(model.target, turned, model.settings.page_prompt, drafts, model.decode_config,
                       match=model.settings.draft_match)
 
-    return upright_read(picture, settings, read)
+    return upright_read(picture, settings, read, upright)
 
 
-def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSettings) -> PageRead:
+def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSettings) -> Reading:
     """The page read with transformers' own generate (plain greedy, one forward per token), turned
     and read again as `page_stage` does: what a user of the model runs without hsd."""
     config = model.decode_config
@@ -79,30 +65,40 @@ def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSetti
     return upright_read(picture, settings, read)
 
 
-def upright_read(picture: Image.Image, settings: ModelSettings, read: Callable[[Image.Image], DecodeResult]) -> PageRead:
-    """`read` of the picture; where the output's front matter says the page is rotated, of the
-    picture turned by the model's correction, up to ROTATION_REREADS more times."""
-    rotation, earlier_forwards, reads = 0, 0, 0
+def turned(picture: Image.Image, rotation: int) -> Image.Image:
+    return picture.transpose(_TURN[rotation]) if rotation else picture
+
+
+def upright_read(
+    picture: Image.Image, settings: ModelSettings, read: Callable[[Image.Image], DecodeResult],
+    upright: DecodeResult | None = None,
+) -> Reading:
+    """`read` of the picture (`upright`: that reading, where it was decoded already); where the
+    output's front matter says the page is rotated, of the picture turned by the model's
+    correction, up to ROTATION_REREADS more times."""
+    rotation, earlier_forwards, reads = 0, 0, 1
+    result = upright if upright is not None else read(picture)
     while True:
-        reads += 1
-        turned = picture.transpose(_TURN[rotation]) if rotation else picture
-        result = read(turned)
         output = result.text.strip()
         # The front matter goes to the JSON; the Markdown is the page's text.
         front_matter, body = split_front_matter(output) if settings.front_matter != "none" else (None, output)
         correction = rotation_correction(front_matter)
         if not correction or reads > ROTATION_REREADS:
-            return PageRead(result, turned, front_matter, body, rotation, reads, earlier_forwards)
+            dialect = {name: getattr(settings, name) for name in DIALECT_KEYS}
+            return Reading(result, front_matter, body, dialect, rotation, reads, earlier_forwards)
         earlier_forwards += result.stats.forwards
         rotation = (rotation + correction) % 360
+        reads += 1
+        result = read(turned(picture, rotation))
 
 
-def baseline_check(model: VlmModel, read: PageRead) -> BaselineCheck:
-    """The same picture decoded with transformers' own generate (same model, dtype and cache: the
-    baseline a user would otherwise run) without hsd's repetition guard, compared token by token
-    with the page stage's output; where the guard stopped hsd's output, as far as it went."""
+def baseline_check(model: VlmModel, picture: Image.Image, read: Reading) -> BaselineCheck:
+    """The picture the page stage last read (`picture` turned as it was) decoded with
+    transformers' own generate (same model, dtype and cache: the baseline a user would otherwise
+    run) without hsd's repetition guard, compared token by token with the page stage's output;
+    where the guard stopped hsd's output, as far as it went."""
     config = model.decode_config
-    plain = model.target.generate_plainly(read.picture, model.settings.page_prompt, config.max_new_tokens)
+    plain = model.target.generate_plainly(turned(picture, read.rotation), model.settings.page_prompt, config.max_new_tokens)
     tokens = read.result.tokens
     guard_cut = read.result.stop_reason == "repetition" and len(plain) > len(tokens)
     compared = plain[: len(tokens)] if guard_cut else plain

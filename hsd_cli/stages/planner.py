@@ -12,9 +12,10 @@ draft stands in, as it would when the limit ended the reading, without the wait.
     seconds(plan) = prefill + region passes + page steps * forward_s(rows, NODES_PER_STEP, context)
     page steps    = sum over blocks of n_b / tau_b      (plain: N steps of one node)
     region-page:  a block b in the region set R drafts the page at REGION_TAU instead of tau_b;
-                  its crop costs a prefill and n_b / tau_b steps in batches of REGION_BATCH rows
+                  its crop costs a prefill and n_b / tau_b steps in batches of `region_batch` rows
     packed:       b in R drafts the page at tau_b * PACKED_GAIN (its output comes mid-page); its
-                  row rides along in the page's forwards for its n_b / tau_b steps
+                  row rides along in the page's forwards for its n_b / tau_b steps (at most
+                  `packed_regions` rows beside the page's)
 
 n_b: the block draft's tokens; tau_b: the acceptance of its draft (the page's prior by draft
 source, moved towards the tau observed on the document's earlier pages, times the block kind's
@@ -25,18 +26,14 @@ OCR confidence is not used: on the same pages blocks above 0.95 draft alike in e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
+from hsd_cli.config import Stages
+from hsd_cli.page import Page, Plan, Way
 from hsd_cli.profiles import Profile
-from hsd_cli.records import Block, PageImage
+from hsd_cli.records import Block, BlockKind
 from hsd_cli.stages.dialect import draft_plan
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
-from hsd_cli.stats import PagePlan
-
-if TYPE_CHECKING:
-    from hsd_cli.stages.vlm import VlmModel
 
 # Measured on this project's corpus (Qwen2 tokens, olmOCR outputs, `hsd bench pipeline`): the text
 # layer drafts a page to tau 5.4 and OCR to 2.4 (OmniDocBench's OCR'd pages: 1.9); with every
@@ -81,52 +78,44 @@ class BlockOutlook:
     crop_side: int  # its crop's longer side in pixels; 0 where it gets no region pass (no crop, a figure)
 
 
-@dataclass(frozen=True)
-class PageOutlook:
-    """What the planner knows of a page before decoding it."""
+def expected_tau(kind: str, earlier_tau: Sequence[float] = ()) -> float:
+    """The prior of the page's kind, moved towards the tau of the document's earlier pages of it."""
+    return (TAU_PRIOR[kind] * PRIOR_WEIGHT + sum(earlier_tau)) / (PRIOR_WEIGHT + len(earlier_tau))
 
-    kind: str  # "born_digital" (drafted from the text layer) or "scan" (from OCR)
+
+@dataclass(frozen=True)
+class _Costs:
+    """The profile's prices for one page: of `kind`, drafted by `blocks`, its picture `picture_side`
+    pixels on its longer side, expected to draft at `tau`."""
+
+    profile: Profile
+    kind: str
     blocks: tuple[BlockOutlook, ...]
-    picture_side: int  # the page picture's longer side, in pixels
-    earlier_tau: tuple[float, ...] = ()  # the page stage's tau on the document's earlier pages of this kind
-    time_limit_s: float = 0.0  # the seconds the page may take (--page-timeout); 0: no limit
+    picture_side: int
+    tau: float
+    region_batch: int
 
     @property
     def tokens(self) -> int:
         return max(1, sum(block.tokens for block in self.blocks))
 
-
-def expected_tau(outlook: PageOutlook) -> float:
-    prior = TAU_PRIOR[outlook.kind]
-    seen = outlook.earlier_tau
-    return (prior * PRIOR_WEIGHT + sum(seen)) / (PRIOR_WEIGHT + len(seen))
-
-
-@dataclass(frozen=True)
-class _Costs:
-    """The profile's prices for one page."""
-
-    profile: Profile
-    outlook: PageOutlook
-    tau: float
-
     def block_tau(self, block: BlockOutlook) -> float:
-        return max(1.0, self.tau * KIND_FACTOR[self.outlook.kind].get(block.kind, 1.0))
+        return max(1.0, self.tau * KIND_FACTOR[self.kind].get(block.kind, 1.0))
 
     def draft_steps(self, block: BlockOutlook) -> float:
         return block.tokens / self.block_tau(block)
 
     @property
     def nodes(self) -> int:
-        return NODES_PER_STEP[self.outlook.kind]
+        return NODES_PER_STEP[self.kind]
 
     @property
     def page_prefill(self) -> float:
-        return self.profile.prefill_s(self.outlook.picture_side)
+        return self.profile.prefill_s(self.picture_side)
 
     @property
     def page_context(self) -> int:
-        return self.profile.prefill_tokens(self.outlook.picture_side) + self.outlook.tokens // 2
+        return self.profile.prefill_tokens(self.picture_side) + self.tokens // 2
 
     def crop_prefills(self, regions: Sequence[BlockOutlook]) -> float:
         return sum(self.profile.prefill_s(block.crop_side) for block in regions)
@@ -140,20 +129,18 @@ class _Costs:
                 return self.draft_steps(block)
             return block.tokens / (region_tau or self.block_tau(block) * PACKED_GAIN)
 
-        return max(1.0, sum(steps(block) for block in self.outlook.blocks))
+        return max(1.0, sum(steps(block) for block in self.blocks))
 
     def plain(self) -> float:
-        return self.page_prefill + self.outlook.tokens * self.profile.forward_s(1, 1, self.page_context)
+        return self.page_prefill + self.tokens * self.profile.forward_s(1, 1, self.page_context)
 
     def region_page(self, regions: Sequence[BlockOutlook]) -> float:
-        from hsd_cli.stages.region import REGION_BATCH
-
         region_s = self.crop_prefills(regions)
-        for start in range(0, len(regions), REGION_BATCH):
-            batch = regions[start : start + REGION_BATCH]
+        for start in range(0, len(regions), self.region_batch):
+            batch = regions[start : start + self.region_batch]
             context = max(self.profile.prefill_tokens(b.crop_side) + b.tokens // 2 for b in batch)
             region_s += max(self.draft_steps(b) for b in batch) * self.profile.forward_s(len(batch), self.nodes, context)
-        steps = self.page_steps(regions, REGION_TAU[self.outlook.kind])
+        steps = self.page_steps(regions, REGION_TAU[self.kind])
         return self.page_prefill + region_s + steps * self.profile.forward_s(1, self.nodes, self.page_context)
 
     def packed(self, regions: Sequence[BlockOutlook]) -> float:
@@ -163,51 +150,63 @@ class _Costs:
         return self.page_prefill + self.crop_prefills(regions) + steps * self.profile.forward_s(rows, self.nodes, self.page_context)
 
 
-def plan_page(profile: Profile, outlook: PageOutlook) -> PagePlan:
-    """The plan predicted fastest, with each plan's best prediction: region passes go to the blocks
-    whose outputs would save the most page steps, as many as the prediction says pay."""
-    from hsd_cli.stages.packed import PACKED_REGIONS
-
-    tau = expected_tau(outlook)
-    costs = _Costs(profile, outlook, tau)
-    region_tau = REGION_TAU[outlook.kind]
+def plan_page(
+    profile: Profile, kind: str, blocks: tuple[BlockOutlook, ...], picture_side: int, *, region_batch: int,
+    packed_regions: int, earlier_tau: Sequence[float] = (), time_limit_s: float = 0.0,
+) -> Plan:
+    """The way predicted fastest for a page of `kind` drafted by `blocks` (`picture_side`: its
+    picture's longer side in pixels), with each way's best prediction: region passes go to the
+    blocks whose outputs would save the most page steps, as many as the prediction says pay.
+    `earlier_tau`: the page stage's tau on the document's earlier pages of this kind. `draft` where
+    even the fastest would take far over `time_limit_s` (0: no limit). `region_batch` and
+    `packed_regions` are the region and packed stages' row limits."""
+    tau = expected_tau(kind, earlier_tau)
+    costs = _Costs(profile, kind, blocks, picture_side, tau, region_batch)
+    region_tau = REGION_TAU[kind]
     candidates = sorted(
-        (block for block in outlook.blocks if block.crop_side and costs.block_tau(block) < region_tau),
+        (block for block in blocks if block.crop_side and costs.block_tau(block) < region_tau),
         key=lambda block: block.tokens / costs.block_tau(block) - block.tokens / region_tau,
         reverse=True,
     )
-    options: dict[str, tuple[float, tuple[BlockOutlook, ...]]] = {"plain": (costs.plain(), ()), "page": (costs.region_page(()), ())}
-    for name, seconds, limit in (("region-page", costs.region_page, len(candidates)), ("packed", costs.packed, PACKED_REGIONS)):
+    options: dict[Way, tuple[float, tuple[BlockOutlook, ...]]] = {
+        Way.PLAIN: (costs.plain(), ()), Way.PAGE: (costs.region_page(()), ()),
+    }
+    for way, seconds, limit in ((Way.REGION_PAGE, costs.region_page, len(candidates)), (Way.PACKED, costs.packed, packed_regions)):
         prefixes = [tuple(candidates[:count]) for count in range(1, min(limit, len(candidates)) + 1)]
         if prefixes:
-            options[name] = min(((seconds(regions), regions) for regions in prefixes), key=lambda option: option[0])
-    chosen = min(options, key=lambda name: options[name][0])
-    predicted = {name: seconds for name, (seconds, _) in options.items()}
-    if outlook.time_limit_s and predicted[chosen] > PREDICTION_SLACK * outlook.time_limit_s:
-        return PagePlan(chosen="draft", tau=tau, predicted_s=predicted)
-    return PagePlan(chosen=chosen, tau=tau, predicted_s=predicted, regions=tuple(block.id for block in options[chosen][1]))
+            options[way] = min(((seconds(regions), regions) for regions in prefixes), key=lambda option: option[0])
+    chosen = min(options, key=lambda way: options[way][0])
+    predicted = {way.value: seconds for way, (seconds, _) in options.items()}
+    if time_limit_s and predicted[chosen] > PREDICTION_SLACK * time_limit_s:
+        return Plan(Way.DRAFT, tau=tau, predicted_s=predicted)
+    return Plan(chosen, regions=tuple(block.id for block in options[chosen][1]), tau=tau, predicted_s=predicted)
 
 
-def page_outlook(
-    model: VlmModel, image: PageImage, blocks: tuple[Block, ...], kind: str, earlier_tau: Sequence[tuple[str, float]],
-    time_limit_s: float = 0.0,
-) -> PageOutlook:
-    """The planner's view of a page: each drafting block's length in the model's tokens and the
-    side of its crop, the picture's size, the tau of the document's earlier pages of its kind, and
-    its time limit."""
+def block_outlooks(page: Page, tokens: Callable[[str], int], region_padding_px: int) -> tuple[BlockOutlook, ...]:
+    """The planner's view of the blocks that draft the page: each one's length in the model's
+    tokens and the side of its crop."""
     from hsd_cli.stages.rasterize import crop_box
 
     def crop_side(block: Block, region: bool) -> int:
-        box = crop_box(image, block.bbox, model.settings.region_padding_px) if region else None
+        box = crop_box(page, block.bbox, region_padding_px) if region else None
         return max(box[2] - box[0], box[3] - box[1]) if box is not None else 0
 
-    return PageOutlook(
-        kind=kind,
-        blocks=tuple(
-            BlockOutlook(block.id, block.kind.value, len(model.target.encode(block.text)), crop_side(block, region))
-            for block, region in draft_plan(blocks, lambda block: True)
-        ),
-        picture_side=max(image.image.size),
-        earlier_tau=tuple(tau for seen_kind, tau in earlier_tau if seen_kind == kind),
-        time_limit_s=time_limit_s,
+    return tuple(
+        BlockOutlook(block.id, block.kind.value, tokens(block.text), crop_side(block, region))
+        for block, region in draft_plan(page.blocks, lambda block: True)
     )
+
+
+def uncertain(block: Block) -> bool:
+    """A block whose pipeline draft is uncertain: not from the text layer, or a table or formula
+    (a born-digital text layer is already what the page stage would accept, docs/method.md section 7)."""
+    return block.kind in (BlockKind.TABLE, BlockKind.FORMULA) or block.source != PdfTextDraft.name
+
+
+def fixed_plan(stages: Stages, blocks: tuple[Block, ...]) -> Plan:
+    """The plan --stages fixes: region passes over every block (region-page, packed), over none
+    (page), or, for `auto` without a cost profile, over the uncertain blocks."""
+    if stages is Stages.AUTO:
+        return Plan(Way.REGION_PAGE, regions=tuple(block.id for block in blocks if uncertain(block)))
+    way = Way(stages.value)
+    return Plan(way, regions=tuple(block.id for block in blocks) if way in (Way.REGION_PAGE, Way.PACKED) else ())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,8 @@ from pathlib import Path
 import pymupdf
 from PIL import Image, ImageFile, ImageSequence, UnidentifiedImageError
 
-from hsd_cli.records import DocStatus, PageImage
+from hsd_cli.page import Page
+from hsd_cli.records import DocStatus
 
 pymupdf.TOOLS.mupdf_display_errors(False)  # MuPDF warnings go to our own messages, not stderr
 
@@ -145,26 +147,31 @@ def render_scale(size_pt: tuple[float, float], dpi: int, max_pixels: int) -> flo
     return scale
 
 
-def render_page(page: pymupdf.Page, dpi: int, max_pixels: int) -> PageImage:
+def render_page(page: pymupdf.Page, dpi: int, max_pixels: int) -> Page:
+    """The page record's first slots: its number, size and picture."""
+    started = time.perf_counter()
     size_pt = (page.rect.width, page.rect.height)
     scale = render_scale(size_pt, dpi, max_pixels)
     pixmap = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), alpha=False)
-    image = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples)
-    return PageImage(page_no=page.number + 1, image=image, scale=scale, size_pt=size_pt)
+    picture = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples)
+    return Page(
+        page_no=page.number + 1, size_pt=size_pt, picture=picture, scale=scale,
+        timings={"render_s": time.perf_counter() - started},
+    )
 
 
-def crop_box(image: PageImage, bbox: tuple[float, float, float, float], pad: int) -> tuple[int, int, int, int] | None:
+def crop_box(page: Page, bbox: tuple[float, float, float, float], pad: int) -> tuple[int, int, int, int] | None:
     """The pixel box of a block (bbox in points) with `pad` pixels around it; None when too small."""
-    x0, y0, x1, y1 = (v * image.scale for v in bbox)
+    x0, y0, x1, y1 = (v * page.scale for v in bbox)
     box = (max(0, round(x0) - pad), max(0, round(y0) - pad),
-           min(image.image.width, round(x1) + pad), min(image.image.height, round(y1) + pad))
+           min(page.picture.width, round(x1) + pad), min(page.picture.height, round(y1) + pad))
     if box[2] - box[0] < 8 or box[3] - box[1] < 8:
         return None
     return box
 
 
-def crop_block(image: PageImage, bbox: tuple[float, float, float, float], pad: int) -> Image.Image | None:
+def crop_block(page: Page, bbox: tuple[float, float, float, float], pad: int) -> Image.Image | None:
     """The pixels of a block's `crop_box`. The region stage and the replay-model builder both crop
     here, so their crops are identical."""
-    box = crop_box(image, bbox, pad)
-    return image.image.crop(box) if box is not None else None
+    box = crop_box(page, bbox, pad)
+    return page.picture.crop(box) if box is not None else None

@@ -121,12 +121,12 @@ def test_fingerprint_check_knows_its_pages_at_any_dpi(replay_model, replay_corpu
     known = replay_pages(model_dir)
     with pymupdf.open(inputs / "report.pdf") as doc:
         for page in doc:
-            assert known(render_page(page, 150, 4_194_304).image)
-            assert known(render_page(page, 90, 4_194_304).image)
+            assert known(render_page(page, 150, 4_194_304).picture)
+            assert known(render_page(page, 90, 4_194_304).picture)
         other = pymupdf.open()
         other_page = other.new_page(width=595, height=842)
         other_page.insert_text((60, 100), "A page this model was never shown. " * 3, fontsize=14)
-        assert not known(render_page(other_page, 150, 4_194_304).image)
+        assert not known(render_page(other_page, 150, 4_194_304).picture)
     assert replay_pages(build_tiny_random("qwen2_5_vl", tmp_path / "not-a-replay-model")) is None, "real models read any page"
     assert pickle.loads(pickle.dumps(known)) == known and hash(known), "it travels to workers and keys the model cache"
 

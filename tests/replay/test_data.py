@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from hsd_cli.records import PageImage
+from hsd_cli.page import Page
 from hsd_cli.replay.align import char_accuracy, edit_distance, locate
 from hsd_cli.replay.dataset import load_examples, pair_pages, prepare, region_target
 from hsd_cli.stages.rasterize import crop_block
@@ -62,7 +62,7 @@ def test_pair_pages_takes_lowest_repeat_and_matching_subfolder(tmp_path):
 
 
 def test_crop_block_pads_clips_and_drops_slivers():
-    image = PageImage(page_no=1, image=Image.new("RGB", (300, 400), "white"), scale=150 / 72, size_pt=(144, 192))
+    image = Page(page_no=1, size_pt=(144, 192), picture=Image.new("RGB", (300, 400), "white"), scale=150 / 72)
     crop = crop_block(image, (10.0, 20.5, 100.2, 60.0), 4)
     assert crop.size == (round(100.2 * 150 / 72) - round(10 * 150 / 72) + 8, round(60 * 150 / 72) - round(20.5 * 150 / 72) + 8)
     assert crop_block(image, (0.0, 0.0, 144.0, 192.0), 4).size == (300, 400), "clipped to the page"

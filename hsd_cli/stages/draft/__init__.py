@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -11,12 +12,14 @@ import pymupdf
 from pymupdf4llm.helpers.utils import analyze_page
 
 from hsd_cli.config import ConvertConfig, DraftBackendName
-from hsd_cli.records import Block, PageDraft
+from hsd_cli.page import Page
+from hsd_cli.records import Block
 from hsd_cli.stages.draft.layout import MAX_LAYOUT_DRAWINGS, drawings_beyond_layout
 from hsd_cli.stages.draft.ocr import OcrDraft, RenderingOcr
 from hsd_cli.stages.draft.paddle import PaddleDraft, PaddleJsonDraft
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 from hsd_cli.stages.draft.tables import plausible_table_block
+from hsd_cli.stages.outcome import drafted_page
 
 
 class DraftBackend(Protocol):
@@ -78,10 +81,11 @@ def exception_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
-    """The page's draft. Where reading the page raises (an image MuPDF cannot decode, say), OCR of
-    its rendering stands in and `degraded_reason` says why; so it does where the layout left out
-    the page's vector paths. An error of that OCR itself propagates."""
+def draft_page(backend: DraftBackend, page: pymupdf.Page, rendered: Page | None = None) -> Page:
+    """The page record (`rendered`, or one of the page's number and size) with its draft: blocks,
+    the backend that ran and flags. Where reading the page raises (an image MuPDF cannot decode,
+    say), OCR of its rendering stands in, flagged `degraded` with a notice that says why; so it
+    does where the layout left out the page's vector paths. An error of that OCR itself propagates."""
     started = time.perf_counter()
     try:
         name, blocks = backend.run(page) if isinstance(backend, AutoDraft) else (backend.name, backend.blocks(page))
@@ -93,13 +97,12 @@ def draft_page(backend: DraftBackend, page: pymupdf.Page) -> PageDraft:
     else:
         reason = _drawings_left_out(page) if name in _LAID_OUT else None
     page_size = (page.rect.width, page.rect.height)
-    return PageDraft(
-        page_no=page.number + 1,
-        blocks=tuple(plausible_table_block(block, page_size) for block in blocks),
-        backend=name,
-        seconds=time.perf_counter() - started,
-        degraded_reason=reason,
+    record = rendered or Page(page_no=page.number + 1, size_pt=page_size)
+    drafted = replace(
+        record, blocks=tuple(plausible_table_block(block, page_size) for block in blocks), backend=name,
+        timings=record.timings | {"draft_s": time.perf_counter() - started},
     )
+    return drafted_page(drafted, reason)
 
 
 def _drawings_left_out(page: pymupdf.Page) -> str | None:

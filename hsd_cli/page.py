@@ -1,0 +1,126 @@
+"""The page record the stages fill, in order: rendered (picture), drafted (blocks), planned
+(plan), read (reading), and what the user gets (text, flags, notice). Each stage returns the
+record with its slots filled; the pipeline (pipeline.py) orders them. A plan and a reading are the
+page's other two records; a document is its pages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from hsd_cli.records import Block, PageFlag
+from hsd_cli.stats import BaselineCheck, DecodingTotals, RegionResult
+
+if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
+    from hsd_cli.decoding import DecodeResult
+
+
+class Way(StrEnum):
+    """How a plan reads a page."""
+
+    DRAFT = "draft"  # not at all: the draft stands in (it would not finish within its time limit)
+    PLAIN = "plain"  # transformers' generate, one forward per token
+    PAGE = "page"  # the page stage verifying the pipeline's drafts
+    REGION_PAGE = "region-page"  # region passes over some blocks' crops, then the page stage
+    PACKED = "packed"  # those region passes in the page stage's forwards
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the model stages read a page: fixed by --stages, or chosen by the planner from a cost
+    profile (`--stages auto`), which also predicts every way's seconds."""
+
+    way: Way
+    regions: tuple[str, ...] = ()  # the blocks given a region pass, by id
+    tau: float | None = None  # the acceptance the planner's prediction assumed; None: not predicted
+    predicted_s: dict[str, float] = field(default_factory=dict)  # every way's predicted seconds (with its best region set)
+
+    @property
+    def predicted(self) -> bool:
+        return self.tau is not None
+
+    @property
+    def verifies_drafts(self) -> bool:
+        return self.way not in (Way.DRAFT, Way.PLAIN)
+
+    def as_json(self) -> dict[str, object]:
+        """The page JSON's `plan`, written where the planner predicted it."""
+        return {
+            "chosen": self.way.value, "tau": round(self.tau, 3), "regions": list(self.regions),
+            "predicted_s": {k: round(v, 3) for k, v in self.predicted_s.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the model's stages did on a page: the region passes, then the page stage's reading
+    (the last one, where the front matter had the page turned and read again)."""
+
+    result: DecodeResult  # the page stage's last read
+    front_matter: dict[str, Any] | None
+    text: str  # the output without its front matter
+    dialect: dict[str, Any]  # the dialect the drafts were written in
+    rotation: int = 0  # degrees the page was turned (PIL's counter-clockwise transposes, as olmOCR)
+    reads: int = 1
+    earlier_forwards: int = 0  # forwards of the reads the front matter sent back
+    regions: tuple[RegionResult, ...] = ()
+    region_s: float = 0.0  # 0 where no region pass ran (packed: its passes are in page_s)
+    page_s: float = 0.0
+    baseline: BaselineCheck | None = None  # --baseline only
+    baseline_page_s: float | None = None
+
+    @property
+    def forwards(self) -> int:
+        """The page stage's forwards, its earlier reads included (region passes are not counted)."""
+        return self.earlier_forwards + self.result.stats.forwards
+
+    @property
+    def timings(self) -> dict[str, float]:
+        timings = {"region_s": self.region_s, "page_s": self.page_s, "prefill_s": self.result.stats.prefill_s}
+        if self.baseline_page_s is not None:
+            timings["baseline_page_s"] = self.baseline_page_s
+        return timings
+
+    @property
+    def totals(self) -> DecodingTotals:
+        return DecodingTotals(
+            pages=1, forwards=self.result.stats.forwards, new_tokens=self.result.stats.new_tokens,
+            region_s=self.region_s, page_s=self.page_s, baseline_page_s=self.baseline_page_s,
+        )
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page, its slots filled stage by stage (None or empty until its stage has run)."""
+
+    page_no: int  # 1-based
+    size_pt: tuple[float, float]
+    picture: Image.Image | None = None  # the rendering; dropped once the page is done
+    scale: float = 1.0  # pixels per PDF point
+    blocks: tuple[Block, ...] = ()  # the draft, in reading order
+    backend: str = "none"  # the draft backend that ran (auto resolves to pdf-text or ocr)
+    figures: tuple[tuple[str, Image.Image], ...] = ()  # (block id, crop) for figures
+    plan: Plan | None = None  # None: no model runs
+    reading: Reading | None = None  # None: the model did not read the page
+    text: str | None = None  # the model's reading as the user gets it; None: the draft blocks are the text
+    flags: tuple[PageFlag, ...] = ()
+    draft_from: int | None = None  # the first of `blocks` whose draft follows a reading the model broke off
+    notice: str | None = None  # the one line a user is told where the page is not the model's full reading
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def without_picture(self) -> Page:
+        """What a checkpoint and the finished document keep: the rendering is megabytes a page."""
+        return replace(self, picture=None)
+
+
+@dataclass(frozen=True)
+class DocumentResult:
+    pages: tuple[Page, ...]
+    page_count: int  # pages in the document (converted pages may be a subset)
+    metadata: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+    damaged: bool = False  # the source (an image cut short) decoded only in part
+    tracebacks: tuple[str, ...] = ()  # of the pages that raised (shown with --debug)
