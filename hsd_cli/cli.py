@@ -250,7 +250,7 @@ def convert(
         if problem := _model_directory_problem(options.model):
             reporter.error(problem, "give a local model directory, or a hub id that is in the HF cache")
             raise typer.Exit(ExitCode.ENVIRONMENT)
-        from hsd_cli.models.settings import ModelSettingsError
+        from hsd_cli.settings_files import SettingsFileError
         from hsd_cli.stages.vlm import ModelUnavailableError, preflight
 
         try:
@@ -258,7 +258,7 @@ def convert(
         except ModelUnavailableError as exc:
             reporter.error(str(exc), exc.hint)
             raise typer.Exit(ExitCode.ENVIRONMENT) from None
-        except ModelSettingsError as exc:
+        except SettingsFileError as exc:
             reporter.error(str(exc), "fix or remove it; `hsd models` shows which settings file each family uses")
             raise typer.Exit(ExitCode.USAGE) from None
         if not quiet:
@@ -301,13 +301,13 @@ def models(
     """List the model families hsd has settings for, their known models and whether each is present."""
     from hsd_cli.models.settings import (
         PACKAGED_DIR,
-        ModelSettingsError,
         locate_model,
         read_settings,
         settings_files,
         user_dir,
     )
     from hsd_cli.runner import ExitCode, Reporter
+    from hsd_cli.settings_files import SettingsFileError
 
     families = []
     try:
@@ -320,7 +320,7 @@ def models(
                 "settings_from": "user" if source.user else "packaged",
                 "models": [{"id": model_id, "path": locate_model(model_id)} for model_id in settings.known_ids],
             })
-    except ModelSettingsError as exc:
+    except SettingsFileError as exc:
         hint = f"fix or remove it; the packaged files in {PACKAGED_DIR} show every key"
         Reporter(Console(stderr=True)).error(str(exc), hint)
         raise typer.Exit(ExitCode.USAGE) from None

@@ -8,37 +8,32 @@ Keys are the long option names (`dpi`, `max-pixels` or `max_pixels`) under a `[c
 
 from __future__ import annotations
 
-import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from hsd_cli.config import UsageError
+from hsd_cli.settings_files import (
+    SettingsFileError,
+    read_toml,
+    unknown_keys,
+    user_config_dir,
+)
 
 SECTION = "convert"
 
 
 def default_config_files() -> list[Path]:
-    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return [config_home / "hsd" / "config.toml", Path("hsd.toml")]
+    return [user_config_dir() / "config.toml", Path("hsd.toml")]
 
 
 def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"bad TOML in {path}: {exc}") from None
-    table = data.get(SECTION, {})
+    table = read_toml(path, "config").get(SECTION, {})
     if not isinstance(table, dict):
-        raise UsageError(f"[{SECTION}] in {path} must be a table")
+        raise SettingsFileError(f"[{SECTION}] in {path} must be a table")
     values = {key.replace("-", "_"): value for key, value in table.items()}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise UsageError(f"unknown key(s) in {path} [{SECTION}]: {', '.join(unknown)}")
+    if unknown := unknown_keys(values, known):
+        raise SettingsFileError(f"unknown key(s) in {path} [{SECTION}]: {unknown}")
     return values
 
 
@@ -57,7 +52,7 @@ def load_config_callback(ctx: typer.Context, param: typer.CallbackParam, value: 
             for key, setting in read_config_file(path, known).items():
                 merged[key] = setting
                 origins[key] = str(path)
-    except UsageError as exc:
+    except SettingsFileError as exc:
         raise typer.BadParameter(str(exc), ctx=ctx, param=param) from None
     ctx.default_map = {**(ctx.default_map or {}), **merged}
     ctx.meta["hsd_config_origins"] = origins

@@ -57,6 +57,19 @@ def test_errors_keep_their_brackets(tmp_path):
     assert result.exit_code == 2 and "[convert] in" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("content", "error"), [(b"[convert\n", "bad TOML in config"), (b"[convert]\ndpi = 100 # \xe9t\xe9\n", "not UTF-8")]
+)
+def test_a_config_file_that_cannot_be_read_is_one_line_and_a_usage_error(content, error, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(content)
+    result = run_hsd("config", "show", "--config", bad)
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("error:") == 1, result.stderr
+    said = " ".join(result.stderr.split())  # wrapped at 80 columns
+    assert error in said and str(bad) in "".join(result.stderr.split()), result.stderr
+
+
 def test_a_failed_document_named_with_brackets_is_reported_by_its_name(tmp_path):
     (tmp_path / "notes [draft].pdf").write_text("not a pdf")
     result = run_hsd("convert", tmp_path / "notes [draft].pdf", "-o", tmp_path / "out")

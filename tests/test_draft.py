@@ -7,6 +7,7 @@ import pymupdf
 import pytest
 
 from hsd_cli.config import ConvertConfig, DraftBackendName
+from hsd_cli.eval.tables import html_table
 from hsd_cli.records import BlockKind
 from hsd_cli.stages.draft import AutoDraft, draft_page, make_draft_backend
 from hsd_cli.stages.draft.paddle import PaddleJsonDraft
@@ -100,6 +101,19 @@ def test_spanning_tables_stay_html_simple_ones_become_pipe_tables():
     simple = "<table><tr><th>A</th><th>B</th></tr><tr><td>1</td><td>x|y</td></tr></table>"
     text, _ = table_block_text(simple, "")
     assert text == "| A | B |\n|---|---|\n| 1 | x\\|y |"
+
+
+def test_drafts_and_scorers_read_an_html_table_alike_but_for_spans_that_do_not_parse():
+    # One parser (hsd_cli.html_tables): a cell before any <tr> opens a row for both.
+    rowless = "<table><td>a</td><td>b<br>c</td></table>"
+    assert html_table_cells(rowless) == ([["a", "b c"]], False)
+    assert [(c.row, c.col, c.text) for c in html_table(rowless).cells] == [(0, 0, "a"), (0, 1, "b c")]
+    # A declared span that does not parse keeps the draft's table HTML; the scorers count it as 1.
+    odd = '<table><tr><td colspan="0">a</td><td>b</td></tr></table>'
+    assert table_block_text(odd, "") == (odd, odd)
+    assert [(c.col, c.col_span) for c in html_table(odd).cells] == [(0, 1), (1, 1)]
+    # A marked section Python 3.11's parser asserts on ends the table there, as an error would not.
+    assert html_table_cells("<table><tr><td>a</td></tr><![x <tr><td>b</td></tr></table>")[0] == [["a"]]
 
 
 def test_pp_structure_results_are_read_and_scaled_to_points(docs_dir, tmp_path):

@@ -13,7 +13,8 @@ import pytest
 
 import hsd_cli
 import hsd_cli.configs
-from hsd_cli.models.settings import ModelSettingsError, all_settings, settings_for
+from hsd_cli.models.settings import all_settings, settings_for
+from hsd_cli.settings_files import SettingsFileError
 from tests.conftest import run_hsd
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -116,7 +117,7 @@ def test_user_settings_replace_a_family_whole_and_add_new_ones(user_config_home)
 )
 def test_a_broken_user_settings_file_is_a_one_line_usage_error(user_config_home, values, complaint):
     path = write_settings(user_config_home / "hsd" / "models", "qwen2_vl", {**asdict(settings_for("qwen2_vl")), **values})
-    with pytest.raises(ModelSettingsError, match=complaint.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SettingsFileError, match=complaint.replace("(", r"\(").replace(")", r"\)")):
         settings_for("qwen2_vl")
     result = run_hsd("models")
     assert result.exit_code == 2
@@ -127,7 +128,7 @@ def test_a_broken_user_settings_file_is_a_one_line_usage_error(user_config_home,
 
 def test_a_user_settings_file_missing_keys_names_them(user_config_home):
     write_settings(user_config_home / "hsd" / "models", "my_vl", {"family": "my_vl", "description": "mine"})
-    with pytest.raises(ModelSettingsError, match="missing key.s. page_prompt, region_prompt, draft_match"):
+    with pytest.raises(SettingsFileError, match="missing key.s. page_prompt, region_prompt, draft_match"):
         settings_for("my_vl")
 
 

@@ -97,7 +97,8 @@ def acceptance(
 
     from hsd_cli.bench.oracle import run_acceptance
     from hsd_cli.decoding import DecodeConfig
-    from hsd_cli.models.settings import ModelSettingsError, settings_for
+    from hsd_cli.models.settings import settings_for
+    from hsd_cli.settings_files import SettingsFileError
 
     for option, path in (("--outputs", outputs), ("--inputs", inputs)):
         if not path.is_dir():
@@ -105,7 +106,7 @@ def acceptance(
     try:
         settings = settings_for(family)
         loaded = AutoTokenizer.from_pretrained(tokenizer)
-    except (OSError, ValueError, ModelSettingsError) as exc:
+    except (OSError, ValueError, SettingsFileError) as exc:
         print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         raise typer.Exit(2) from None
     end = end_token or loaded.eos_token

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from html.parser import HTMLParser
+
+from hsd_cli.html_tables import read_html_table
 
 _HTML_TABLE = re.compile(r"<table\b.*?</table\s*>", re.IGNORECASE | re.DOTALL)
 _PIPE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
@@ -54,49 +55,9 @@ def place_cells(rows: list[list[tuple[str, int, int]]]) -> list[Cell]:
     return cells
 
 
-class _HtmlTableRows(HTMLParser):
-    """Rows of (text, rowspan, colspan) of one HTML table; nested tables are flattened."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[list[tuple[str, int, int]]] = []
-        self._cell: list[str] | None = None
-        self._spans = (1, 1)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "tr":
-            self.rows.append([])
-        elif tag in ("td", "th"):
-            values = dict(attrs)
-            self._cell = []
-            self._spans = (_span(values.get("rowspan")), _span(values.get("colspan")))
-        elif tag == "br" and self._cell is not None:
-            self._cell.append(" ")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self._cell is not None:
-            if not self.rows:
-                self.rows.append([])
-            self.rows[-1].append((" ".join("".join(self._cell).split()), *self._spans))
-            self._cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell.append(data)
-
-
-def _span(value: str | None) -> int:
-    try:
-        return max(1, min(int(value or 1), 1000))
-    except ValueError:
-        return 1
-
-
 def html_table(html: str, start: int = 0, end: int = 0) -> Table:
-    parser = _HtmlTableRows()
-    parser.feed(html)
-    parser.close()
-    return Table(tuple(place_cells([row for row in parser.rows if row])), start, end)
+    rows = [[(cell.text, cell.row_span, cell.col_span) for cell in row] for row in read_html_table(html).rows]
+    return Table(tuple(place_cells(rows)), start, end)
 
 
 def _pipe_cells(line: str) -> list[str]:

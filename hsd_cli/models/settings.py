@@ -10,11 +10,17 @@ the same name whole, or adds a family.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import MISSING, dataclass, fields
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
+
+from hsd_cli.settings_files import (
+    SettingsFileError,
+    read_toml,
+    unknown_keys,
+    user_config_dir,
+)
 
 PACKAGED_DIR: Traversable = files("hsd_cli.configs") / "models"
 DRAFT_MATCHES = ("chars", "tokens")
@@ -30,10 +36,6 @@ CHOICES = {
 }
 # TOML value types for the field annotations below (strings: annotations are postponed).
 TOML_TYPES = {"str": str, "int": int, "tuple[str, ...]": list}
-
-
-class ModelSettingsError(ValueError):
-    """A settings file that cannot be used; the message names the file and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,8 @@ class SettingsFile:
 
 
 def user_dir() -> Path:
-    """The user's settings directory, under the same config home as the user's config.toml."""
-    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return config_home / "hsd" / "models"
+    """The user's settings directory, beside the user's config.toml."""
+    return user_config_dir() / "models"
 
 
 def settings_files() -> dict[str, SettingsFile]:
@@ -84,8 +85,8 @@ def problems_in(data: dict, family: str) -> list[str]:
     """What is wrong with one family's settings table, in words for the user."""
     known = {field.name: field for field in fields(ModelSettings)}
     problems = []
-    if unknown := sorted(set(data) - set(known)):
-        problems.append(f"unknown key(s) {', '.join(unknown)}")
+    if unknown := unknown_keys(data, known):
+        problems.append(f"unknown key(s) {unknown}")
     if missing := [name for name, field in known.items() if name not in data and field.default is MISSING]:
         problems.append(f"missing key(s) {', '.join(missing)}")
     for name, value in data.items():
@@ -101,14 +102,9 @@ def problems_in(data: dict, family: str) -> list[str]:
 
 def read_settings(source: SettingsFile) -> ModelSettings:
     path = source.path
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ModelSettingsError(f"cannot read model settings {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ModelSettingsError(f"bad TOML in model settings {path}: {exc}") from None
+    data = read_toml(path, "model settings")
     if problems := problems_in(data, path.name.removesuffix(".toml")):
-        raise ModelSettingsError(f"model settings {path}: {'; '.join(problems)}")
+        raise SettingsFileError(f"model settings {path}: {'; '.join(problems)}")
     return ModelSettings(**{**data, "known_ids": tuple(data.get("known_ids", ()))})
 
 

@@ -40,7 +40,7 @@ class ModelUnavailableError(RuntimeError):
 def preflight(options: VlmOptions) -> str:
     """Check, without loading weights, that the model resolves, the device exists and the
     installed transformers is one the decoder knows; returns the model family (`model_type`).
-    A family settings file that cannot be used raises ModelSettingsError here, once, rather than
+    A family settings file that cannot be used raises SettingsFileError here, once, rather than
     failing every page in the workers."""
     import torch
 

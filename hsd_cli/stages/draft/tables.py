@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from html.parser import HTMLParser
 
+from hsd_cli.html_tables import read_html_table
 from hsd_cli.records import Block, BlockKind
 
 # A cell of this many words is a sentence, not a table entry.
@@ -17,40 +17,10 @@ MOST_OF_PAGE = 0.5
 _UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
 
 
-class _TableGrid(HTMLParser):
-    """Collects rows of cell texts from one HTML table; notes whether any cell spans."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[list[str]] = []
-        self.spans = False
-        self._cell: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "tr":
-            self.rows.append([])
-        elif tag in ("td", "th"):
-            self._cell = []
-            if any(name in ("rowspan", "colspan") and value not in (None, "1") for name, value in attrs):
-                self.spans = True
-        elif tag == "br" and self._cell is not None:
-            self._cell.append(" ")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self._cell is not None and self.rows:
-            self.rows[-1].append(" ".join("".join(self._cell).split()))
-            self._cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell.append(data)
-
-
 def html_table_cells(html: str) -> tuple[list[list[str]], bool]:
-    """(rows of cell texts, whether any cell spans rows or columns)."""
-    grid = _TableGrid()
-    grid.feed(html)
-    return [row for row in grid.rows if row], grid.spans
+    """(rows of cell texts, whether any cell declares a span of rows or columns)."""
+    table = read_html_table(html)
+    return [[cell.text for cell in row] for row in table.rows], table.declares_spans
 
 
 def pipe_table(rows: list[list[str]]) -> str:
