@@ -148,7 +148,9 @@ def vlm_stage(drafted: Page, model: VlmModel, stages: Stages, so_far: DocumentSo
     draft, flagged, where the planner predicts the page would not finish within `time_limit_s`."""
     from hsd_cli.stages.page import baseline_check
 
+    started = time.perf_counter()
     page = replace(drafted, plan=plan_stage(drafted, model, stages, so_far, time_limit_s))
+    planned_s = time.perf_counter() - started
     reading = read_stage(page, model, so_far)
     if reading is None:
         predicted = min(page.plan.predicted_s.values())
@@ -156,6 +158,8 @@ def vlm_stage(drafted: Page, model: VlmModel, stages: Stages, so_far: DocumentSo
                "(to read it, rerun with a larger --page-timeout and --overwrite)")
         unread = draft_standing_in(page, PageFlag.PREDICTED_TIMEOUT, why)
         return replace(unread, timings=page.timings | {"predicted_s": predicted})
+    # Planning is work plain decoding does not do: it counts in the page stage's seconds.
+    reading = replace(reading, page_s=reading.page_s + planned_s)
     if model.options.baseline:
         baseline_started = time.perf_counter()
         baseline = baseline_check(model, page.picture, reading)
