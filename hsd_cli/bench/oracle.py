@@ -92,6 +92,13 @@ class OracleTarget:
         state.answers = [state.answers[i] for i in keep]
         state.emitted = [state.emitted[i] for i in keep]
 
+    def join(self, states: Sequence[OracleState]) -> OracleState:
+        return OracleState(
+            rows=[row for state in states for row in state.rows],
+            answers=[answer for state in states for answer in state.answers],
+            emitted=[emitted for state in states for emitted in state.emitted],
+        )
+
     def encode(self, text: str) -> list[int]:
         return self.oracle_ids(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -7,8 +7,9 @@ Knows nothing about transformers: the target is anything with the `Target` metho
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from time import perf_counter
 from typing import Any, Protocol
 
@@ -36,8 +37,9 @@ class DecodeRequest:
     proposer: Proposer = field(default_factory=NoDraftProposer)
     # For near-lossless mode: is the output (token ids) currently inside math? Then stay exact.
     inside_math: Callable[[Sequence[int]], bool] = lambda tokens: False
-    # The request (by index in the same batch) whose proposer takes this one's output as a draft
-    # when it ends (a region crop's output drafting its page); its proposer must be a DraftSink.
+    # The request (by index among the requests decoded together) whose proposer takes this one's
+    # output as a draft when it ends (a region crop's output drafting its page); its proposer must
+    # be a DraftSink.
     feeds: int | None = None
 
 
@@ -77,6 +79,8 @@ class Target(Protocol):
 
     def keep_rows(self, state: TargetState, keep: Sequence[int]) -> None: ...
 
+    def join(self, states: Sequence[TargetState]) -> TargetState: ...
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str: ...
@@ -113,13 +117,16 @@ class _Sequence:
 
 
 def _prefill(
-    target: Target, sequences: list[_Sequence], config: DecodeConfig, stop_ids: set[int], separately: bool
+    target: Target, newcomers: dict[int, _Sequence], config: DecodeConfig, stop_ids: set[int], separately: bool
 ) -> TargetState:
+    """Prefill the newcomers (by request index) into a state of their own rows, each emitting its first token."""
     start = perf_counter()
+    sequences = list(newcomers.values())
     if separately:
         state, logits = target.prefill_each([target.inputs([s.request.image], [s.request.prompt]) for s in sequences])
     else:
         state, logits = target.prefill(target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences]))
+    state.rows = list(newcomers)  # the request indices: they also key sampling
     first = first_tokens(logits, state.rows, config.sampling)
     elapsed = perf_counter() - start
     for sequence, token in zip(sequences, first):
@@ -168,38 +175,70 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
         sequence.stats.verify_s += finished_at - proposed_at
 
 
-def _drop_finished(target: Target, state: TargetState, sequences: list[_Sequence], stop_ids: set[int]) -> None:
-    """Drop the rows that ended; an ended row that feeds another gives it its output as a draft
-    (not a looping one: the cut loop is no reading)."""
-    keep = [i for i, row in enumerate(state.rows) if sequences[row].stop_reason is None]
-    if len(keep) == len(state.rows):
-        return
-    for row in state.rows:
-        ended = sequences[row]
-        if ended.stop_reason is not None and ended.request.feeds is not None and ended.stop_reason != "repetition":
-            output = [token for token in ended.tokens if token not in stop_ids]
-            sequences[ended.request.feeds].request.proposer.add_drafts([output])
-    target.keep_rows(state, keep)
+def _admit(
+    target: Target, state: TargetState | None, newcomers: dict[int, _Sequence], config: DecodeConfig, stop_ids: set[int],
+    separately: bool,
+) -> TargetState:
+    """The batch with the newcomers' rows joined to it (prefilled apart from the running rows)."""
+    for sequence in newcomers.values():
+        sequence.request.proposer.start()
+    joining = _prefill(target, newcomers, config, stop_ids, separately)
+    return joining if state is None or not state.rows else target.join([state, joining])
+
+
+def _finish(
+    target: Target, state: TargetState, sequences: dict[int, _Sequence], stop_ids: set[int]
+) -> list[tuple[int, DecodeResult]]:
+    """The rows that ended leave the batch (and `sequences`), as (request index, result); an ended
+    row that feeds another still decoding gives it its output as a draft (not a looping one: the
+    cut loop is no reading)."""
+    ended = [row for row in state.rows if sequences[row].stop_reason is not None]
+    if not ended:
+        return []
+    for row in ended:
+        request = sequences[row].request
+        if request.feeds in sequences and sequences[row].stop_reason != "repetition":
+            output = [token for token in sequences[row].tokens if token not in stop_ids]
+            sequences[request.feeds].request.proposer.add_drafts([output])
+    target.keep_rows(state, [i for i, row in enumerate(state.rows) if sequences[row].stop_reason is None])
+    finished = [sequences.pop(row) for row in ended]
+    return [(row, decode_result(target, s.tokens, s.stats, s.stop_reason)) for row, s in zip(ended, finished)]
+
+
+def decode_stream(
+    target: Target, requests: Iterable[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, max_rows: int,
+    separate_prefill: bool = False,
+) -> Iterator[tuple[int, DecodeResult]]:
+    """Continuous batching: decode `requests` with up to `max_rows` of them in the batch at once.
+    Between steps, rows that ended leave and the next requests join (prefilled, then their cache
+    joined to the running batch's); yields (request index, result) as each request ends. A row's
+    tokens are its plain decoding's whatever rows share its forwards. `separate_prefill`: prefill
+    each joining request alone (prompts of very different lengths then waste no prefill on
+    padding). A request that `feeds` another takes the other's index in `requests`."""
+    stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
+    waiting = enumerate(requests)
+    sequences: dict[int, _Sequence] = {}
+    state = None
+    while True:
+        newcomers = {index: _Sequence(request) for index, request in islice(waiting, max_rows - len(sequences))}
+        if newcomers:
+            sequences |= newcomers
+            state = _admit(target, state, newcomers, config, stop_ids, separate_prefill)
+            yield from _finish(target, state, sequences, stop_ids)  # a first token can end a row
+        elif not sequences:
+            return
+        if sequences:
+            _step(target, state, [sequences[row] for row in state.rows], config, stop_ids)
+            yield from _finish(target, state, sequences, stop_ids)
 
 
 def decode_batch(
     target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, separate_prefill: bool = False
 ) -> list[DecodeResult]:
-    """Decode several requests together; results in request order. `separate_prefill`: prefill
-    each request alone and join the rows (prompts of very different lengths, as a page and its
-    crops, then waste no prefill on padding)."""
-    if not requests:
-        return []
-    sequences = [_Sequence(r) for r in requests]
-    for request in requests:
-        request.proposer.start()
-    stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
-    state = _prefill(target, sequences, config, stop_ids, separate_prefill)
-    _drop_finished(target, state, sequences, stop_ids)
-    while state.rows:
-        _step(target, state, [sequences[row] for row in state.rows], config, stop_ids)
-        _drop_finished(target, state, sequences, stop_ids)
-    return [decode_result(target, s.tokens, s.stats, s.stop_reason or "budget") for s in sequences]
+    """Decode several requests together, all in one batch from the start (`decode_stream`'s
+    special case); results in request order."""
+    results = dict(decode_stream(target, requests, config, max_rows=max(1, len(requests)), separate_prefill=separate_prefill))
+    return [results[index] for index in range(len(requests))]
 
 
 def make_proposer(

@@ -25,10 +25,11 @@ class BatchState:
 
 
 def join_rows(parts: Sequence[BatchState]) -> BatchState:
-    """Single-row states prefilled apart, joined into one batch, left-padded like a batch prefill."""
+    """States of rows decoded apart (rows prefilled alone; a running batch and the rows that join
+    it) in one batch, left-padded to the longest as a batch prefill is; each keeps its `rows`."""
     length = max(state.slot_valid.shape[1] for state in parts)
 
-    def left_padded(tensor: torch.Tensor) -> torch.Tensor:  # (1, heads, slots, head_dim)
+    def left_padded(tensor: torch.Tensor) -> torch.Tensor:  # (rows, heads, slots, head_dim)
         return torch.nn.functional.pad(tensor, (0, 0, length - tensor.shape[2], 0))
 
     joined = parts[0]
@@ -40,7 +41,7 @@ def join_rows(parts: Sequence[BatchState]) -> BatchState:
     )
     joined.past_len = torch.cat([state.past_len for state in parts])
     joined.rope_delta = torch.cat([state.rope_delta.reshape(-1) for state in parts])
-    joined.rows = list(range(len(parts)))
+    joined.rows = [row for state in parts for row in state.rows]
     return joined
 
 

@@ -84,7 +84,13 @@ class HFTarget:
         `prefill`'s: a page and its crops (prompts of very different lengths) then spend no prefill
         on padding."""
         parts = [self.prefill(row) for row in inputs]
-        return join_rows([state for state, _ in parts]), torch.cat([logits for _, logits in parts])
+        for index, (state, _) in enumerate(parts):
+            state.rows = [index]
+        return self.join([state for state, _ in parts]), torch.cat([logits for _, logits in parts])
+
+    def join(self, states: Sequence[BatchState]) -> BatchState:
+        """The rows of `states` (decoded apart so far) in one batch; each keeps its `rows`."""
+        return join_rows(states)
 
     @torch.inference_mode()
     def forward_tree(
