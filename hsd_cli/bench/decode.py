@@ -23,6 +23,7 @@ from typing import Annotated
 import typer
 
 from hsd_cli.decoding.stats import speedup, tau
+from hsd_cli.models.tiny_tokens import TINY_FAMILIES
 
 ARMS = ("ar", "hsd", "ar_anchor", "pld_anchor", "hsd_anchor")
 PROMPT = "Transcribe the text of this page."
@@ -261,7 +262,7 @@ def print_table(report: dict, title: str) -> None:
 def decode(
     model: Annotated[str | None, typer.Option(help="Model id or local directory.")] = None,
     tiny_random: Annotated[
-        str | None, typer.Option(help="Build a tiny random model of this family instead (qwen2_vl, qwen2_5_vl).")
+        str | None, typer.Option(help=f"Build a tiny random model of this family instead ({', '.join(TINY_FAMILIES)}).")
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or mps (default: what is present).")] = None,
     dtype: Annotated[

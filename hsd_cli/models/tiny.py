@@ -1,8 +1,9 @@
 """Small models built here, offline, for tests, benchmarks and replay models.
 
 Tiny random models of every supported family (`build_tiny_random`), byte-level BPE tokenizers
-trained on a fixed offline corpus (`build_tiny_tokenizer`), and the Qwen2.5-VL config that both
-the tiny models and the replay models (`hsd_cli.replay.model`) use.
+trained on a fixed offline corpus with each family's special tokens (`build_tiny_tokenizer`; the
+tokens in tiny_tokens.py), and the Qwen2.5-VL config that both the tiny models and the replay
+models (`hsd_cli.replay.model`) use.
 """
 
 from __future__ import annotations
@@ -10,107 +11,12 @@ from __future__ import annotations
 import json
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hsd_cli.decoding.target.families import adapter_for
-
-
-@dataclass(frozen=True)
-class TinyTokens:
-    """A family's special tokens as its processor and config expect them."""
-
-    pad: str
-    eos: str
-    image: str
-    video: str
-    vision_start: str
-    vision_end: str
-    others: tuple[str, ...] = ()
-    chat_template: str = ""
-
-    @property
-    def all(self) -> list[str]:
-        return list(dict.fromkeys([self.pad, self.eos, self.image, self.video, self.vision_start, self.vision_end, *self.others]))
-
-
-QWEN_TOKENS = TinyTokens(
-    pad="<|endoftext|>",
-    eos="<|im_end|>",
-    image="<|image_pad|>",
-    video="<|video_pad|>",
-    vision_start="<|vision_start|>",
-    vision_end="<|vision_end|>",
-    others=("<|im_start|>",),
-    chat_template=(
-        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-        "{% for part in message['content'] %}"
-        "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    ),
-)
-
-PADDLE_TOKENS = TinyTokens(
-    pad="<unk>",
-    eos="</s>",
-    image="<|IMAGE_PLACEHOLDER|>",
-    video="<|video_pad|>",
-    vision_start="<|IMAGE_START|>",
-    vision_end="<|IMAGE_END|>",
-    others=("<s>",),
-    chat_template=(
-        "{% for message in messages %}{% if message['role'] == 'user' %}User: "
-        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-        "{% for part in message['content'] %}"
-        "{% if part['type'] == 'image' %}<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
-        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}\n"
-        "{% else %}Assistant: {{ message['content'] }}</s>{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}Assistant: {% endif %}"
-    ),
-)
-
-HUNYUAN_TOKENS = TinyTokens(
-    pad="<｜hy_pad｜>",
-    eos="<｜hy_eos｜>",
-    image="<｜hy_image｜>",
-    video="<｜hy_video｜>",
-    vision_start="<｜hy_image_start｜>",
-    vision_end="<｜hy_image_end｜>",
-    others=("<｜hy_newline｜>", "<｜hy_User｜>", "<｜hy_Assistant｜>"),
-    chat_template=(
-        "{% for message in messages %}{% if message['role'] == 'user' %}<｜hy_User｜>"
-        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-        "{% for part in message['content'] %}"
-        "{% if part['type'] == 'image' %}<｜hy_image_start｜><｜hy_image｜><｜hy_image_end｜>"
-        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-        "{% else %}<｜hy_Assistant｜>{{ message['content'] }}<｜hy_eos｜>{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}<｜hy_Assistant｜>{% endif %}"
-    ),
-)
-
-IDEFICS3_TOKENS = TinyTokens(
-    pad="<|endoftext|>",
-    eos="<end_of_utterance>",
-    image="<image>",
-    video="<video>",
-    vision_start="<fake_token_around_image>",
-    vision_end="<global-img>",
-    others=("<|im_start|>",),
-    chat_template=(
-        "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
-        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-        "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
-        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-        "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
-    ),
-)
-
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "idefics3")
-TINY_TOKENS = {"paddleocr_vl": PADDLE_TOKENS, "hunyuan_vl": HUNYUAN_TOKENS, "idefics3": IDEFICS3_TOKENS}
+from hsd_cli.models.tiny_tokens import QWEN_TOKENS, TINY_FAMILIES, TINY_TOKENS, TinyTokens
 
 
 _PROSE = (
@@ -171,6 +77,7 @@ def build_tiny_tokenizer(
             "video_token": tokens.video,
             "image_start_token": tokens.vision_start,
             "image_end_token": tokens.vision_end,
+            **dict(tokens.named),
         },
         additional_special_tokens=[t for t in tokens.all if t not in (tokens.eos, tokens.pad)],
     )
@@ -308,6 +215,25 @@ def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
             im_newline_id=tokenizer.convert_tokens_to_ids("<｜hy_newline｜>"),
             tie_word_embeddings=False,
         )
+    if family == "glm_ocr":
+        from transformers import GlmOcrConfig
+
+        ids = tokenizer.convert_tokens_to_ids
+        vision = dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        )
+        return GlmOcrConfig(
+            text_config=text,
+            vision_config=vision,
+            image_token_id=ids(tokens.image),
+            video_token_id=ids(tokens.video),
+            image_start_token_id=ids(tokens.vision_start),
+            image_end_token_id=ids(tokens.vision_end),
+            video_start_token_id=ids("<|begin_of_video|>"),
+            video_end_token_id=ids("<|end_of_video|>"),
+            tie_word_embeddings=False,
+        )
     if family == "idefics3":
         from transformers import Idefics3Config
 
@@ -317,6 +243,17 @@ def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
         return Idefics3Config(
             text_config=llama, vision_config=vision, image_token_id=common["image_token_id"], scale_factor=2, tie_word_embeddings=False
         )
+    if family == "lighton_ocr":
+        from transformers import LightOnOcrConfig
+
+        qwen3 = dict(text, model_type="qwen3")
+        del qwen3["rope_parameters"]  # plain 1-D RoPE
+        vision = dict(
+            model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            head_dim=16, image_size=112, patch_size=14,
+        )
+        # Tied input and output embeddings, as in LightOnOCR's own config.
+        return LightOnOcrConfig(text_config=qwen3, vision_config=vision, image_token_id=common["image_token_id"], spatial_merge_size=2)
     raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
 
 
@@ -330,9 +267,26 @@ def _tiny_processor(family: str, tokenizer, config):
         side = {"longest_edge": config.vision_config.image_size}
         image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side)
         return Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
+    if family == "lighton_ocr":
+        from transformers import LightOnOcrProcessor
+        from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+        # Images resized in steps of merged patches, at most 112 pixels a side: at most 16 image tokens.
+        merged = config.vision_config.patch_size * config.spatial_merge_size
+        image_processor = PixtralImageProcessorPil(patch_size=merged, size={"longest_edge": config.vision_config.image_size})
+        return LightOnOcrProcessor(
+            image_processor, tokenizer, patch_size=config.vision_config.patch_size,
+            spatial_merge_size=config.spatial_merge_size, chat_template=tokenizer.chat_template,
+        )
     patch = config.vision_config.patch_size
     merged = patch * config.vision_config.spatial_merge_size
-    pixels = dict(min_pixels=(2 * merged) ** 2, max_pixels=(4 * merged) ** 2)
+    least, most = (2 * merged) ** 2, (4 * merged) ** 2
+    if family == "glm_ocr":
+        # GLM's image processor takes its pixel bounds as size edges, counting both frames of a
+        # temporal patch (x2).
+        pixels = dict(size={"shortest_edge": 2 * least, "longest_edge": 2 * most})
+    else:
+        pixels = dict(min_pixels=least, max_pixels=most)
     return adapter_for(family).new_processor(tokenizer, patch_size=patch, **pixels)
 
 
@@ -341,6 +295,7 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
 
     The rows of the LM head for special tokens are zeroed so greedy decoding never ends on
     its own: logits of random rows are spread around 0, so a zero logit is never the argmax.
+    (Where the embeddings are tied, as in LightOnOCR, those tokens' input embeddings are zero.)
     """
     from transformers import AutoModelForImageTextToText
 

@@ -12,16 +12,30 @@ import torch
 from PIL import Image
 
 
-def _image_only_processor_class(base: type) -> type:
-    """A subclass of a Qwen-VL processor without the video processor (which needs torchvision)."""
+QWEN_VISION_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_start_token": "<|vision_start|>",
+    "vision_end_token": "<|vision_end|>",
+}
+# Glm46VProcessor's names: it finds videos between <|begin_of_video|> and <|end_of_video|>.
+GLM_VISION_TOKENS = {
+    "image_token": "<|image|>",
+    "video_token": "<|video|>",
+    "video_start": "<|begin_of_video|>",
+    "video_end": "<|end_of_video|>",
+}
+
+
+def _image_only_processor_class(base: type, tokens: dict[str, str] = QWEN_VISION_TOKENS) -> type:
+    """A subclass of a Qwen-VL-style processor without the video processor (which needs
+    torchvision). `tokens`: the attributes the base sets, with their default tokens; each also
+    gets its id as `<name>_id`."""
 
     class ImageOnlyProcessor(base):
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
-            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
-            self.vision_start_token = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
-            self.vision_end_token = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
-            for name in ("image_token", "video_token", "vision_start_token", "vision_end_token"):
+            for name, default in tokens.items():
+                setattr(self, name, getattr(tokenizer, name, None) or default)
                 setattr(self, f"{name}_id", tokenizer.convert_tokens_to_ids(getattr(self, name)))
             # Skip the base __init__ (it wants a video processor) and go to ProcessorMixin's.
             super(base, self).__init__(image_processor, tokenizer, chat_template=chat_template)
@@ -58,7 +72,8 @@ class FamilyAdapter:
         return [im for im in images if im is not None] or None
 
     def chat_text(self, processor, prompt: str, with_image: bool) -> str:
-        content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
+        # An empty prompt sends the image alone (as LightOnOCR is prompted).
+        content = ([{"type": "image"}] if with_image else []) + ([{"type": "text", "text": prompt}] if prompt else [])
         messages = [{"role": "user", "content": content}]
         return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
@@ -210,6 +225,35 @@ class HunYuanVLAdapter(QwenVLAdapter):
         return HunYuanVLImageProcessorPil
 
 
+class GlmOcrAdapter(QwenVLAdapter):
+    """GLM-OCR: GLM-4V-style 3-axis M-RoPE with Qwen's position rule (text tokens carry their
+    position on every axis, shifted after the image by the row's rope delta); GLM-4.6V's processor
+    without its video processor."""
+
+    model_types = ("glm_ocr",)
+
+    def _processor_class(self) -> type:
+        from transformers import Glm46VProcessor
+
+        return _image_only_processor_class(Glm46VProcessor, GLM_VISION_TOKENS)
+
+    def _image_processor_class(self) -> type:
+        from transformers.models.glm46v.image_processing_pil_glm46v import Glm46VImageProcessorPil
+
+        return Glm46VImageProcessorPil
+
+    def vision_token_ids(self, config) -> list[int]:
+        names = ("image", "video", "image_start", "image_end", "video_start", "video_end")
+        return [getattr(config, f"{name}_token_id") for name in names]
+
+    def stop_token_ids(self, model, tokenizer) -> list[int]:
+        # GLM chats have no end-of-turn token: a reply ends where the next turn's role token
+        # would start, so those end it even if the generation config does not name them.
+        ids = super().stop_token_ids(model, tokenizer)
+        vocabulary = tokenizer.get_vocab()
+        return ids + [vocabulary[t] for t in ("<|user|>", "<|observation|>") if t in vocabulary and vocabulary[t] not in ids]
+
+
 class Idefics3Adapter(FamilyAdapter):
     """Idefics3 (SmolVLM, SmolDocling, granite-docling): plain 1-D positions over a Llama-style
     text model; images are given per prompt."""
@@ -235,10 +279,18 @@ class Idefics3Adapter(FamilyAdapter):
         return [[im] if im is not None else [] for im in images] if any(im is not None for im in images) else None
 
 
+class LightOnOcrAdapter(FamilyAdapter):
+    """LightOnOCR: a Pixtral vision encoder over a Qwen3 text model with plain 1-D positions;
+    AutoProcessor's processor (its image processor falls back to PIL without torchvision)."""
+
+    model_types = ("lighton_ocr",)
+
+
 ADAPTERS: dict[str, FamilyAdapter] = {
     t: a
     for a in (
-        Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), Idefics3Adapter()
+        Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
+        Idefics3Adapter(), LightOnOcrAdapter(),
     )
     for t in a.model_types
 }
