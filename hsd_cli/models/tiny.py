@@ -254,6 +254,17 @@ def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
         )
         # Tied input and output embeddings, as in LightOnOCR's own config.
         return LightOnOcrConfig(text_config=qwen3, vision_config=vision, image_token_id=common["image_token_id"], spatial_merge_size=2)
+    if family == "qianfan_ocr":
+        from transformers import QianfanOCRConfig
+
+        qwen3 = dict(text, model_type="qwen3")
+        del qwen3["rope_parameters"]  # plain 1-D RoPE
+        # 56-pixel tiles of 14-pixel patches: 16 patches, pixel-shuffled (x0.5) to 4 tokens a tile.
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14)
+        return QianfanOCRConfig(
+            text_config=qwen3, vision_config=vision, image_token_id=common["image_token_id"], image_seq_length=4,
+            downsample_ratio=0.5, tie_word_embeddings=False,
+        )
     raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
 
 
@@ -277,6 +288,16 @@ def _tiny_processor(family: str, tokenizer, config):
         return LightOnOcrProcessor(
             image_processor, tokenizer, patch_size=config.vision_config.patch_size,
             spatial_merge_size=config.spatial_merge_size, chat_template=tokenizer.chat_template,
+        )
+    if family == "qianfan_ocr":
+        from transformers import QianfanOCRProcessor
+        from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+        # Tiles of the vision tower's size, at most 3 and a thumbnail: 4 to 16 image tokens.
+        side = config.vision_config.image_size[0]
+        image_processor = GotOcr2ImageProcessorPil(size={"height": side, "width": side}, crop_to_patches=True, max_patches=3)
+        return QianfanOCRProcessor(
+            image_processor, tokenizer, image_seq_length=config.image_seq_length, chat_template=tokenizer.chat_template
         )
     patch = config.vision_config.patch_size
     merged = patch * config.vision_config.spatial_merge_size

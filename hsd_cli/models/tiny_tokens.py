@@ -121,11 +121,33 @@ IDEFICS3_TOKENS = TinyTokens(
     ),
 )
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "glm_ocr", "idefics3", "lighton_ocr")
+# Qianfan-OCR (InternVL-style): the chat template writes `<image>`, which the processor replaces by
+# <img>, <IMG_CONTEXT> repeated, </img>; it reads those three from the tokenizer by these names.
+QIANFAN_OCR_TOKENS = TinyTokens(
+    pad="<|endoftext|>",
+    eos="<|im_end|>",
+    image="<IMG_CONTEXT>",
+    video="<|video_pad|>",
+    vision_start="<img>",
+    vision_end="</img>",
+    others=("<|im_start|>",),
+    chat_template=(
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<image>\n"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    named=(("start_image_token", "<img>"), ("end_image_token", "</img>"), ("context_image_token", "<IMG_CONTEXT>")),
+)
+
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "glm_ocr", "idefics3", "lighton_ocr", "qianfan_ocr")
 TINY_TOKENS = {
     "paddleocr_vl": PADDLE_TOKENS,
     "hunyuan_vl": HUNYUAN_TOKENS,
     "glm_ocr": GLM_OCR_TOKENS,
     "idefics3": IDEFICS3_TOKENS,
     "lighton_ocr": LIGHTON_OCR_TOKENS,
+    "qianfan_ocr": QIANFAN_OCR_TOKENS,
 }

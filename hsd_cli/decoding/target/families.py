@@ -286,11 +286,21 @@ class LightOnOcrAdapter(FamilyAdapter):
     model_types = ("lighton_ocr",)
 
 
+class QianfanOcrAdapter(FamilyAdapter):
+    """Qianfan-OCR: an InternVL-style vision encoder (448-pixel tiles, pixel shuffle, an MLP
+    projector) over a Qwen3 text model with plain 1-D positions; AutoProcessor's processor (its
+    GOT-OCR2 image processor falls back to PIL without torchvision). The chat template's `<image>`
+    becomes `<img>`, the image-context tokens and `</img>`; only the context token is in the
+    config, so it is the one vision token named here."""
+
+    model_types = ("qianfan_ocr",)
+
+
 ADAPTERS: dict[str, FamilyAdapter] = {
     t: a
     for a in (
         Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
-        Idefics3Adapter(), LightOnOcrAdapter(),
+        Idefics3Adapter(), LightOnOcrAdapter(), QianfanOcrAdapter(),
     )
     for t in a.model_types
 }
