@@ -81,7 +81,7 @@ def build_tiny_tokenizer(
         },
         additional_special_tokens=[t for t in tokens.all if t not in (tokens.eos, tokens.pad)],
     )
-    tokenizer.chat_template = tokens.chat_template
+    tokenizer.chat_template = tokens.chat_template or None  # none, as in GOT-OCR 2.0's checkpoint
     return tokenizer
 
 
@@ -265,6 +265,18 @@ def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
             text_config=qwen3, vision_config=vision, image_token_id=common["image_token_id"], image_seq_length=4,
             downsample_ratio=0.5, tie_word_embeddings=False,
         )
+    if family == "got_ocr2":
+        from transformers import GotOcr2Config
+
+        qwen2 = dict(text, model_type="qwen2")
+        del qwen2["rope_parameters"]  # plain 1-D RoPE
+        # 128-pixel tiles of 8-pixel patches: a 16 x 16 grid, 4 x 4 after the projector = 16 image tokens.
+        vision = dict(
+            hidden_size=32, output_channels=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=64,
+            image_size=128, patch_size=8, window_size=4, global_attn_indexes=[1],
+        )
+        # Tied input and output embeddings, as in GOT-OCR 2.0's own config.
+        return GotOcr2Config(text_config=qwen2, vision_config=vision, image_token_index=common["image_token_id"], image_seq_length=16)
     raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
 
 
@@ -299,6 +311,14 @@ def _tiny_processor(family: str, tokenizer, config):
         return QianfanOCRProcessor(
             image_processor, tokenizer, image_seq_length=config.image_seq_length, chat_template=tokenizer.chat_template
         )
+    if family == "got_ocr2":
+        from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+        from hsd_cli.decoding.target.families import got_ocr2_image_tokens
+
+        side = config.vision_config.image_size
+        image_processor = GotOcr2ImageProcessorPil(size={"height": side, "width": side})
+        return adapter_for(family).new_processor(tokenizer, image_processor, got_ocr2_image_tokens(side, config.vision_config.patch_size))
     patch = config.vision_config.patch_size
     merged = patch * config.vision_config.spatial_merge_size
     least, most = (2 * merged) ** 2, (4 * merged) ** 2

@@ -104,6 +104,17 @@ GLM_OCR_TOKENS = TinyTokens(
     ),
 )
 
+# GOT-OCR 2.0's processor writes these tokens itself (no chat template, as its checkpoint has none).
+GOT_OCR2_TOKENS = TinyTokens(
+    pad="<|endoftext|>",
+    eos="<|im_end|>",
+    image="<imgpad>",
+    video="<|video_pad|>",
+    vision_start="<img>",
+    vision_end="</img>",
+    others=("<|im_start|>",),
+)
+
 IDEFICS3_TOKENS = TinyTokens(
     pad="<|endoftext|>",
     eos="<end_of_utterance>",
@@ -142,7 +153,7 @@ QIANFAN_OCR_TOKENS = TinyTokens(
     named=(("start_image_token", "<img>"), ("end_image_token", "</img>"), ("context_image_token", "<IMG_CONTEXT>")),
 )
 
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "glm_ocr", "idefics3", "lighton_ocr", "qianfan_ocr")
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "glm_ocr", "idefics3", "lighton_ocr", "qianfan_ocr", "got_ocr2")
 TINY_TOKENS = {
     "paddleocr_vl": PADDLE_TOKENS,
     "hunyuan_vl": HUNYUAN_TOKENS,
@@ -150,4 +161,5 @@ TINY_TOKENS = {
     "idefics3": IDEFICS3_TOKENS,
     "lighton_ocr": LIGHTON_OCR_TOKENS,
     "qianfan_ocr": QIANFAN_OCR_TOKENS,
+    "got_ocr2": GOT_OCR2_TOKENS,
 }

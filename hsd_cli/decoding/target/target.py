@@ -56,7 +56,12 @@ class HFTarget:
         batch = self.processor(
             text=texts, images=self.adapter.processor_images(images), return_tensors="pt", padding=True, padding_side="left"
         )
-        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        # Floating-point inputs (pixel values) in the model's dtype, as BatchFeature.to(device, dtype)
+        # casts them: some vision towers (GOT-OCR 2.0's) do not cast them themselves.
+        return {k: self._on_device(v) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, self.dtype) if tensor.is_floating_point() else tensor.to(self.device)
 
     # -- decoding primitives -----------------------------------------------------------------
 
@@ -109,11 +114,15 @@ class HFTarget:
         positions = self._tree_positions(state, depths)
         visible = torch.cat([state.slot_valid[:, None, :].expand(-1, width, -1).cpu(), self._tree_visibility(ancestors)], dim=-1)
         # Float additive mask in the model dtype: boolean 4-D masks are silently wrong with eager.
+        # None where one token per row sees every slot (plain decoding of unpadded rows), as
+        # `generate` then gives attention none: bf16 attention with a mask of zeros can round
+        # differently from attention without one.
         mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
+        mask = None if width == 1 and bool(visible.all()) else mask[:, None].to(self.device)
         out = self.model(
             input_ids=tokens.to(self.device),
             position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
-            attention_mask=mask[:, None].to(self.device),
+            attention_mask=mask,
             past_key_values=state.cache,
             use_cache=True,
         )
