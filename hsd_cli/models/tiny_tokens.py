@@ -105,15 +105,7 @@ GLM_OCR_TOKENS = TinyTokens(
 )
 
 # GOT-OCR 2.0's processor writes these tokens itself (no chat template, as its checkpoint has none).
-GOT_OCR2_TOKENS = TinyTokens(
-    pad="<|endoftext|>",
-    eos="<|im_end|>",
-    image="<imgpad>",
-    video="<|video_pad|>",
-    vision_start="<img>",
-    vision_end="</img>",
-    others=("<|im_start|>",),
-)
+GOT_OCR2_TOKENS = replace(QWEN_TOKENS, image="<imgpad>", vision_start="<img>", vision_end="</img>", chat_template="")
 
 IDEFICS3_TOKENS = TinyTokens(
     pad="<|endoftext|>",
@@ -134,14 +126,11 @@ IDEFICS3_TOKENS = TinyTokens(
 
 # Qianfan-OCR (InternVL-style): the chat template writes `<image>`, which the processor replaces by
 # <img>, <IMG_CONTEXT> repeated, </img>; it reads those three from the tokenizer by these names.
-QIANFAN_OCR_TOKENS = TinyTokens(
-    pad="<|endoftext|>",
-    eos="<|im_end|>",
+QIANFAN_OCR_TOKENS = replace(
+    QWEN_TOKENS,
     image="<IMG_CONTEXT>",
-    video="<|video_pad|>",
     vision_start="<img>",
     vision_end="</img>",
-    others=("<|im_start|>",),
     chat_template=(
         "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
         "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
