@@ -32,7 +32,7 @@ def docs_dir(tmp_path_factory) -> Path:
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny random Qwen2.5-VL, built once per session (seeded: the same weights every time)."""
     # Imported here: it imports torch, which only the tests that use the model should pay for.
-    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.models.tiny_families import build_tiny_random
 
     return build_tiny_random("qwen2_5_vl", tmp_path_factory.mktemp("tiny_qwen2_5_vl"))
 

@@ -230,7 +230,7 @@ def test_a_documents_earlier_outputs_settle_the_forms_its_later_pages_draft():
 
 
 def _tiny_model(tmp_path):
-    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.models.tiny_families import build_tiny_random
     from hsd_cli.stages.vlm import VlmModel, VlmOptions
 
     return VlmModel(VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))

@@ -129,7 +129,7 @@ NODES_DEAR = profile(lambda rows, nodes, context: 0.03 * rows * nodes)  # a forw
 
 @pytest.mark.parametrize(("cost", "chosen"), [(CPU_LIKE, "page"), (GPU_LIKE, "packed"), (NODES_DEAR, "plain"), (CONTEXT_DEAR, "region-page")])
 def test_convert_auto_plans_each_page_and_stays_lossless(cost, chosen, tmp_path, docs_dir):
-    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.models.tiny_families import build_tiny_random
     from tests.conftest import run_hsd
 
     model = build_tiny_random("qwen2_5_vl", tmp_path / "tiny")
@@ -149,7 +149,7 @@ def test_convert_auto_plans_each_page_and_stays_lossless(cost, chosen, tmp_path,
 
 
 def test_convert_leaves_a_page_the_model_would_not_read_in_time_to_its_draft_at_once(tmp_path, docs_dir):
-    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.models.tiny_families import build_tiny_random
     from tests.conftest import run_hsd
 
     model = build_tiny_random("qwen2_5_vl", tmp_path / "tiny")
@@ -167,7 +167,7 @@ def test_convert_leaves_a_page_the_model_would_not_read_in_time_to_its_draft_at_
 
 
 def test_a_profile_that_cannot_be_read_ends_the_run_before_any_work(tmp_path, docs_dir):
-    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.models.tiny_families import build_tiny_random
     from tests.conftest import run_hsd
 
     model = build_tiny_random("qwen2_5_vl", tmp_path / "tiny")

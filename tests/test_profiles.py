@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from hsd_cli.models.tiny import architecture_config, build_tiny_random
+from hsd_cli.models.tiny import architecture_config
+from hsd_cli.models.tiny_families import build_tiny_random
 from hsd_cli.profiles import DEVICES, ModelShape, analytic_forward_s, analytic_profile, load_profile
 from tests.conftest import run_hsd
 

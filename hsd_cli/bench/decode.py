@@ -23,7 +23,7 @@ from typing import Annotated
 import typer
 
 from hsd_cli.decoding.stats import speedup, tau
-from hsd_cli.models.tiny_tokens import TINY_FAMILIES
+from hsd_cli.models.tiny_families import TINY_FAMILIES
 
 ARMS = ("ar", "hsd", "ar_anchor", "pld_anchor", "hsd_anchor")
 PROMPT = "Transcribe the text of this page."
@@ -294,7 +294,7 @@ def decode(
     from transformers.utils import logging as hf_logging
 
     from hsd_cli.decoding import ProposerConfig, SamplingConfig, load_target
-    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.models.tiny_families import build_tiny_random
 
     chosen_arms = [a.strip() for a in arms.split(",") if a.strip()]
     unknown = set(chosen_arms) - set(ARMS)

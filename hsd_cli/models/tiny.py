@@ -1,9 +1,9 @@
-"""Small models built here, offline, for tests, benchmarks and replay models.
+"""Parts of the small models built here, offline, for tests, benchmarks and replay models.
 
-Tiny random models of every supported family (`build_tiny_random`), byte-level BPE tokenizers
-trained on a fixed offline corpus with each family's special tokens (`build_tiny_tokenizer`; the
-tokens in tiny_tokens.py), and the Qwen2.5-VL config that both the tiny models and the replay
-models (`hsd_cli.replay.model`) use.
+Byte-level BPE tokenizers trained on a fixed offline corpus with each family's special tokens
+(`build_tiny_tokenizer`; the tokens in tiny_tokens.py), the shared text settings, the Qwen2.5-VL
+config that both the tiny random models (`hsd_cli.models.tiny_families`) and the replay models
+(`hsd_cli.replay.model`) use, and real-size random models to price forwards (`random_target`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hsd_cli.decoding.target.families import adapter_for
-from hsd_cli.models.tiny_tokens import QWEN_TOKENS, TINY_FAMILIES, TINY_TOKENS, TinyTokens
+from hsd_cli.models.tiny_tokens import QWEN_TOKENS, TinyTokens
 
 
 _PROSE = (
@@ -161,199 +161,6 @@ def qwen25_vl_config(
     return Qwen2_5_VLConfig(
         text_config=text, vision_config=vision, **vision_token_settings(tokenizer, QWEN_TOKENS), tie_word_embeddings=False
     )
-
-
-def _tiny_config(family: str, tokenizer, tokens: TinyTokens):
-    # head_dim 16 -> 8 rotary frequencies split over the (temporal, height, width) axes.
-    text = text_settings(
-        tokenizer, tokens, width=64, layers=2, heads=4, kv_heads=2, ffn=128, max_positions=4096, mrope_section=[2, 3, 3]
-    )
-    # Larger init than the real 0.02 so a random model's greedy text depends on its context
-    # instead of falling into a short loop at once.
-    text["initializer_range"] = 0.3
-    common = dict(vision_token_settings(tokenizer, tokens), tie_word_embeddings=False)
-    if family == "qwen2_5_vl":
-        return qwen25_vl_config(
-            tokenizer, text, depth=2, width=32, heads=2, ffn=64, patch_size=14, merge_size=2, window_size=56, full_attention_blocks=[1]
-        )
-    if family == "qwen2_vl":
-        from transformers import Qwen2VLConfig
-
-        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
-        return Qwen2VLConfig(text_config=text, vision_config=vision, **common)
-    if family == "qwen3_vl":
-        from transformers import Qwen3VLConfig
-
-        vision = dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, spatial_merge_size=2, out_hidden_size=64,
-            patch_size=16, temporal_patch_size=2, num_position_embeddings=64, deepstack_visual_indexes=[1],
-        )
-        return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
-    if family == "paddleocr_vl":
-        from transformers import PaddleOCRVLConfig
-
-        vision = dict(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            patch_size=14, image_size=56, spatial_merge_size=2,
-        )
-        return PaddleOCRVLConfig(text_config=text, vision_config=vision, **common)
-    if family == "hunyuan_vl":
-        from transformers import HunYuanVLConfig
-
-        # Four XD-RoPE axes as in HunyuanOCR: (sequence, width, height, image index).
-        text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=[2, 2, 2, 2])
-        vision = dict(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            out_hidden_size=64, text_hidden_size=64, patch_size=16, spatial_merge_size=2,
-        )
-        return HunYuanVLConfig(
-            text_config=text,
-            vision_config=vision,
-            image_token_id=common["image_token_id"],
-            im_start_id=common["vision_start_token_id"],
-            im_end_id=common["vision_end_token_id"],
-            im_newline_id=tokenizer.convert_tokens_to_ids("<｜hy_newline｜>"),
-            tie_word_embeddings=False,
-        )
-    if family == "glm_ocr":
-        from transformers import GlmOcrConfig
-
-        ids = tokenizer.convert_tokens_to_ids
-        vision = dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-        )
-        return GlmOcrConfig(
-            text_config=text,
-            vision_config=vision,
-            image_token_id=ids(tokens.image),
-            video_token_id=ids(tokens.video),
-            image_start_token_id=ids(tokens.vision_start),
-            image_end_token_id=ids(tokens.vision_end),
-            video_start_token_id=ids("<|begin_of_video|>"),
-            video_end_token_id=ids("<|end_of_video|>"),
-            tie_word_embeddings=False,
-        )
-    if family == "idefics3":
-        from transformers import Idefics3Config
-
-        llama = dict(text, model_type="llama")
-        del llama["rope_parameters"]  # plain 1-D RoPE
-        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)
-        return Idefics3Config(
-            text_config=llama, vision_config=vision, image_token_id=common["image_token_id"], scale_factor=2, tie_word_embeddings=False
-        )
-    if family == "lighton_ocr":
-        from transformers import LightOnOcrConfig
-
-        qwen3 = dict(text, model_type="qwen3")
-        del qwen3["rope_parameters"]  # plain 1-D RoPE
-        vision = dict(
-            model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            head_dim=16, image_size=112, patch_size=14,
-        )
-        # Tied input and output embeddings, as in LightOnOCR's own config.
-        return LightOnOcrConfig(text_config=qwen3, vision_config=vision, image_token_id=common["image_token_id"], spatial_merge_size=2)
-    if family == "qianfan_ocr":
-        from transformers import QianfanOCRConfig
-
-        qwen3 = dict(text, model_type="qwen3")
-        del qwen3["rope_parameters"]  # plain 1-D RoPE
-        # 56-pixel tiles of 14-pixel patches: 16 patches, pixel-shuffled (x0.5) to 4 tokens a tile.
-        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14)
-        return QianfanOCRConfig(
-            text_config=qwen3, vision_config=vision, image_token_id=common["image_token_id"], image_seq_length=4,
-            downsample_ratio=0.5, tie_word_embeddings=False,
-        )
-    if family == "got_ocr2":
-        from transformers import GotOcr2Config
-
-        qwen2 = dict(text, model_type="qwen2")
-        del qwen2["rope_parameters"]  # plain 1-D RoPE
-        # 128-pixel tiles of 8-pixel patches: a 16 x 16 grid, 4 x 4 after the projector = 16 image tokens.
-        vision = dict(
-            hidden_size=32, output_channels=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=64,
-            image_size=128, patch_size=8, window_size=4, global_attn_indexes=[1],
-        )
-        # Tied input and output embeddings, as in GOT-OCR 2.0's own config.
-        return GotOcr2Config(text_config=qwen2, vision_config=vision, image_token_index=common["image_token_id"], image_seq_length=16)
-    raise ValueError(f"no tiny recipe for {family!r}; known: {TINY_FAMILIES}")
-
-
-def _tiny_processor(family: str, tokenizer, config):
-    """The family's processor with an image processor that makes 4 to 16 merged image tokens."""
-    if family == "idefics3":
-        from transformers import Idefics3Processor
-        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-
-        # One 32-pixel image, no splitting: (32 / 8)^2 patches / scale_factor^2 = 4 image tokens.
-        side = {"longest_edge": config.vision_config.image_size}
-        image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side)
-        return Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
-    if family == "lighton_ocr":
-        from transformers import LightOnOcrProcessor
-        from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
-
-        # Images resized in steps of merged patches, at most 112 pixels a side: at most 16 image tokens.
-        merged = config.vision_config.patch_size * config.spatial_merge_size
-        image_processor = PixtralImageProcessorPil(patch_size=merged, size={"longest_edge": config.vision_config.image_size})
-        return LightOnOcrProcessor(
-            image_processor, tokenizer, patch_size=config.vision_config.patch_size,
-            spatial_merge_size=config.spatial_merge_size, chat_template=tokenizer.chat_template,
-        )
-    if family == "qianfan_ocr":
-        from transformers import QianfanOCRProcessor
-        from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
-
-        # Tiles of the vision tower's size, at most 3 and a thumbnail: 4 to 16 image tokens.
-        side = config.vision_config.image_size[0]
-        image_processor = GotOcr2ImageProcessorPil(size={"height": side, "width": side}, crop_to_patches=True, max_patches=3)
-        return QianfanOCRProcessor(
-            image_processor, tokenizer, image_seq_length=config.image_seq_length, chat_template=tokenizer.chat_template
-        )
-    if family == "got_ocr2":
-        from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
-
-        from hsd_cli.decoding.target.families import got_ocr2_image_tokens
-
-        side = config.vision_config.image_size
-        image_processor = GotOcr2ImageProcessorPil(size={"height": side, "width": side})
-        return adapter_for(family).new_processor(tokenizer, image_processor, got_ocr2_image_tokens(side, config.vision_config.patch_size))
-    patch = config.vision_config.patch_size
-    merged = patch * config.vision_config.spatial_merge_size
-    least, most = (2 * merged) ** 2, (4 * merged) ** 2
-    if family == "glm_ocr":
-        # GLM's image processor takes its pixel bounds as size edges, counting both frames of a
-        # temporal patch (x2).
-        pixels = dict(size={"shortest_edge": 2 * least, "longest_edge": 2 * most})
-    else:
-        pixels = dict(min_pixels=least, max_pixels=most)
-    return adapter_for(family).new_processor(tokenizer, patch_size=patch, **pixels)
-
-
-def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Build a tiny random model + processor of `family`, save both to `out_dir`, return it.
-
-    The rows of the LM head for special tokens are zeroed so greedy decoding never ends on
-    its own: logits of random rows are spread around 0, so a zero logit is never the argmax.
-    (Where the embeddings are tied, as in LightOnOCR, those tokens' input embeddings are zero.)
-    """
-    from transformers import AutoModelForImageTextToText
-
-    out_dir = Path(out_dir)
-    tokens = TINY_TOKENS.get(family, QWEN_TOKENS)
-    tokenizer = build_tiny_tokenizer(tokens)
-    config = _tiny_config(family, tokenizer, tokens)
-    torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for token in tokens.all:
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)].zero_()
-    model.generation_config.eos_token_id = config.text_config.eos_token_id
-    model.generation_config.pad_token_id = config.text_config.pad_token_id
-    model.save_pretrained(out_dir)
-    _tiny_processor(family, tokenizer, config).save_pretrained(out_dir)
-    return out_dir
 
 
 def architecture_config(name_or_path: str) -> dict:

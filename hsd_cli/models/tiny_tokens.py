@@ -141,14 +141,3 @@ QIANFAN_OCR_TOKENS = replace(
     ),
     named=(("start_image_token", "<img>"), ("end_image_token", "</img>"), ("context_image_token", "<IMG_CONTEXT>")),
 )
-
-TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl", "hunyuan_vl", "glm_ocr", "idefics3", "lighton_ocr", "qianfan_ocr", "got_ocr2")
-TINY_TOKENS = {
-    "paddleocr_vl": PADDLE_TOKENS,
-    "hunyuan_vl": HUNYUAN_TOKENS,
-    "glm_ocr": GLM_OCR_TOKENS,
-    "idefics3": IDEFICS3_TOKENS,
-    "lighton_ocr": LIGHTON_OCR_TOKENS,
-    "qianfan_ocr": QIANFAN_OCR_TOKENS,
-    "got_ocr2": GOT_OCR2_TOKENS,
-}

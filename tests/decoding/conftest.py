@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from hsd_cli.decoding.target import load_target
-from hsd_cli.models.tiny import TINY_FAMILIES, build_tiny_random
+from hsd_cli.models.tiny_families import TINY_FAMILIES, build_tiny_random
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ from hsd_cli.bench.oracle import OracleTarget, simulate
 from hsd_cli.decoding.target import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
-from hsd_cli.models.tiny import build_tiny_random
+from hsd_cli.models.tiny_families import build_tiny_random
 from tests import fixtures
 
 from .test_exactness import PROMPT, edit

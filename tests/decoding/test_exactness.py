@@ -115,7 +115,7 @@ def test_the_repetition_guard_stops_where_generate_with_it_stops(tmp_path, page_
     model whose output head is zeroed repeats one token (every logit ties; argmax takes the first)."""
     from hsd_cli.decoding.target import load_target
     from hsd_cli.decoding.repetition import REPETITION_SPAN
-    from hsd_cli.models.tiny import build_tiny_random
+    from hsd_cli.models.tiny_families import build_tiny_random
 
     target = load_target(str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), device="cpu", dtype="float32")
     with torch.no_grad():

@@ -10,7 +10,7 @@ from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.tree import TokenTree
 from hsd_cli.decoding.verify import SamplingConfig
-from hsd_cli.models.tiny import build_tiny_random
+from hsd_cli.models.tiny_families import build_tiny_random
 
 from .test_exactness import edit
 

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from hsd_cli.decoding import decode, load_target
-from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_random, build_tiny_tokenizer
+from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_tokenizer
+from hsd_cli.models.tiny_families import build_tiny_random
 from hsd_cli.replay import build as replay_build
 from hsd_cli.replay import replay_app, replay_pages
 from hsd_cli.replay import train as replay_train

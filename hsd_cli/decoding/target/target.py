@@ -2,7 +2,7 @@
 model and offers what the decoding loop needs: prefill a batch of (image, prompt) inputs, run one
 forward over a batch of token trees (its positions and attention mask), keep the accepted cache
 entries, drop finished rows. The cache edits are cache.py's, the families' differences
-families.py's, plain `generate` generate.py's.
+families/'s, plain `generate` generate.py's.
 """
 
 from __future__ import annotations
