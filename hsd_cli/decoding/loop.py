@@ -17,8 +17,9 @@ import torch
 
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
 from .repetition import RepetitionLoop, find_repetition, repetition_stop_after
+from .sizing import LoadSizer
 from .stats import DecodeStats
-from .tree import TreeBatch, batch_trees
+from .tree import TokenTree, TreeBatch, batch_trees
 from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, first_tokens, verify_trees
 
 
@@ -135,8 +136,18 @@ def _prefill(
     return state
 
 
-def _propose(active: list[_Sequence]) -> TreeBatch:
-    return batch_trees([s.request.proposer.propose(s.tokens) for s in active])
+def _kind(sequence: _Sequence) -> str:
+    """What acceptance is learned per (with the tree's evidence): the proposer's kind."""
+    return type(sequence.request.proposer).__name__
+
+
+def _propose(active: list[_Sequence], sizer: LoadSizer | None) -> list[TokenTree]:
+    """Each row's tree, cut to the width the sizer prices best (whole without a sizer)."""
+    trees = [s.request.proposer.propose(s.tokens) for s in active]
+    if sizer is None:
+        return trees
+    width = sizer.width([_kind(s) for s in active], trees, [len(s.tokens) for s in active])
+    return [tree.first(width) for tree in trees]
 
 
 def _verify(
@@ -157,14 +168,20 @@ def _verify(
     return verify_trees(trees, logits, rows, [len(s.tokens) for s in active], sampling)
 
 
-def _step(target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
+def _step(
+    target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int],
+    sizer: LoadSizer | None,
+) -> None:
     start = perf_counter()
-    trees = _propose(active)
+    row_trees = _propose(active, sizer)
+    trees = batch_trees(row_trees)
     proposed_at = perf_counter()
     logits = target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)
     outcomes = _verify(active, state.rows, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])
     for row, (sequence, outcome) in enumerate(zip(active, outcomes)):
+        if sizer is not None:
+            sizer.observe(_kind(sequence), row_trees[row], outcome.path)
         path_tokens = trees.tokens[row, outcome.path[1:]].tolist()
         sequence.request.proposer.observe(path_tokens)
         emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
@@ -207,14 +224,16 @@ def _finish(
 
 def decode_stream(
     target: Target, requests: Iterable[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, max_rows: int,
-    separate_prefill: bool = False,
+    separate_prefill: bool = False, sizer: LoadSizer | None = None,
 ) -> Iterator[tuple[int, DecodeResult]]:
     """Continuous batching: decode `requests` with up to `max_rows` of them in the batch at once.
     Between steps, rows that ended leave and the next requests join (prefilled, then their cache
     joined to the running batch's); yields (request index, result) as each request ends. A row's
     tokens are its plain decoding's whatever rows share its forwards. `separate_prefill`: prefill
     each joining request alone (prompts of very different lengths then waste no prefill on
-    padding). A request that `feeds` another takes the other's index in `requests`."""
+    padding). A request that `feeds` another takes the other's index in `requests`. `sizer`: each
+    step verifies only as many of each tree's nodes as it prices best (sizing.py); whole trees
+    without one."""
     stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
     waiting = enumerate(requests)
     sequences: dict[int, _Sequence] = {}
@@ -228,16 +247,19 @@ def decode_stream(
         elif not sequences:
             return
         if sequences:
-            _step(target, state, [sequences[row] for row in state.rows], config, stop_ids)
+            _step(target, state, [sequences[row] for row in state.rows], config, stop_ids, sizer)
             yield from _finish(target, state, sequences, stop_ids)
 
 
 def decode_batch(
-    target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, separate_prefill: bool = False
+    target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, separate_prefill: bool = False,
+    sizer: LoadSizer | None = None,
 ) -> list[DecodeResult]:
     """Decode several requests together, all in one batch from the start (`decode_stream`'s
     special case); results in request order."""
-    results = dict(decode_stream(target, requests, config, max_rows=max(1, len(requests)), separate_prefill=separate_prefill))
+    results = dict(
+        decode_stream(target, requests, config, max_rows=max(1, len(requests)), separate_prefill=separate_prefill, sizer=sizer)
+    )
     return [results[index] for index in range(len(requests))]
 
 

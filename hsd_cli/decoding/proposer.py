@@ -90,7 +90,8 @@ class _TrieNode:
 
 def build_trie(root: int, continuations: Sequence[Continuation], budget: int) -> tuple[TokenTree, list[Source]]:
     """Trie of continuations flattened best-first within `budget` draft nodes; returns the tree
-    and, per node, the draft position its token came from (the best continuation's).
+    (its evidence the best score) and, per node, the draft position its token came from (the best
+    continuation's).
 
     Best-first (by score, then how many continuations share the node) instead of plain
     breadth-first: with a common root token the first level is wide, and a breadth-first cut
@@ -125,7 +126,7 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
         parents.append(parent_index)
         sources.append(node.source)
         push_children(node, len(tokens) - 1)
-    return TokenTree(tuple(tokens), tuple(parents)), sources
+    return TokenTree(tuple(tokens), tuple(parents), max((c.score for c in continuations), default=0)), sources
 
 
 def _walk(tree: TokenTree, accepted: Sequence[int]) -> int:
@@ -190,9 +191,9 @@ class DraftProposer:
         self._ambiguous = len(full_matches) > 1
         self._was_trie = len(full_matches) != 1
         if len(full_matches) == 1:
-            draft, position, _ = full_matches[0]
+            draft, position, matched = full_matches[0]
             chain = self.drafts[draft][position + 1 : position + 1 + self.config.chain_max]
-            self._tree = TokenTree.chain(root, chain)
+            self._tree = TokenTree.chain(root, chain, evidence=matched)
             self._sources = [(draft, position + i) for i in range(len(chain) + 1)]
             return self._tree
         depth = self.config.trie_depth
@@ -308,8 +309,8 @@ class TextDraftProposer:
         chains = [self._continuation(d, end, tail) for d, end in points[: self.max_matches]]
         chains = [c for c in chains if c]
         if len(chains) == 1:
-            return TokenTree.chain(root, chains[0])
-        return build_trie(root, [Continuation(c, 0) for c in chains], self.config.trie_budget)[0]
+            return TokenTree.chain(root, chains[0], evidence=length)
+        return build_trie(root, [Continuation(c, length) for c in chains], self.config.trie_budget)[0]
 
     def observe(self, accepted: Sequence[int]) -> None:
         pass

@@ -18,6 +18,9 @@ import torch
 class TokenTree:
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
+    # How much context the draft occurrence the tree was copied from matched (the proposer's own
+    # measure; 0 for none): acceptance is learned per evidence (sizing.py).
+    evidence: int = 0
 
     def __post_init__(self):
         if len(self.tokens) != len(self.parents) or not self.tokens:
@@ -26,11 +29,15 @@ class TokenTree:
             raise ValueError(f"parents must be -1 for the root and point backwards: {self.parents}")
 
     @classmethod
-    def chain(cls, root: int, tokens: Sequence[int]) -> TokenTree:
-        return cls((root, *tokens), tuple(range(-1, len(tokens))))
+    def chain(cls, root: int, tokens: Sequence[int], evidence: int = 0) -> TokenTree:
+        return cls((root, *tokens), tuple(range(-1, len(tokens))), evidence)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def first(self, size: int) -> TokenTree:
+        """The tree of its first `size` nodes (a tree again: parents precede their children)."""
+        return self if size >= len(self) else TokenTree(self.tokens[:size], self.parents[:size], self.evidence)
 
 
 @dataclass(frozen=True)

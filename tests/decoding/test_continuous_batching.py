@@ -9,6 +9,7 @@ import torch
 
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch, decode_stream
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
+from hsd_cli.decoding.sizing import LoadSizer
 from hsd_cli.decoding.target import HFTarget
 from hsd_cli.decoding.tree import batch_trees
 
@@ -57,6 +58,21 @@ def test_rows_joining_a_running_batch_decode_as_generate_does(tiny_target, make_
     assert target.joins and all(max(lengths) > 0 for lengths in target.joins)
     assert len(target.joins) >= 2, "rows joined a batch that was decoding, more than once"
 
+
+
+def test_trees_cut_by_the_load_decode_as_generate_does(tiny_target, make_image):
+    """Verification sized by a price that saturates at 8 tokens a forward: trees are cut to
+    different widths as rows join and leave, and every row still decodes as `generate` does."""
+    cases = [(make_image(21, 56, 56), "Read."), (make_image(22, 112, 84), "Transcribe the text."), (make_image(23, 84, 112), "Read the page.")]
+    references = [generate_greedy(tiny_target, image, prompt, LENGTH) for image, prompt in cases]
+    proposers = [DraftProposer([references[0]]), DraftProposer([edit(references[1], 1, substitute=0.3)]), DraftProposer([references[2]])]
+    requests = [DecodeRequest(image, prompt, proposer) for (image, prompt), proposer in zip(cases, proposers)]
+    sizer = LoadSizer(lambda rows, width, context: max(1.0, rows * width / 8))
+    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False)
+    finished = dict(decode_stream(tiny_target, requests, config, max_rows=2, sizer=sizer))
+    assert [finished[index].tokens for index in range(len(cases))] == references
+    widths = {width for result in finished.values() for _, width, _ in result.stats.steps}
+    assert len(widths) >= 2, f"trees were cut to several widths: {widths}"
 
 def test_a_fixed_batch_is_the_special_case(tiny_target, make_image):
     requests = [

@@ -1,0 +1,132 @@
+"""Verification sized by the load: how many of its draft nodes each row verifies this step.
+
+A forward's price grows with rows x nodes once the device is compute-bound (a full batch on a GPU,
+a 152 k-token output layer on a CPU); a draft node is worth the chance that the accepted path
+reaches it. Each step, `LoadSizer.width` picks the tree width (nodes per row, root included) that
+maximises the expected tokens per second of the step:
+
+    (rows + sum over rows of E_row(width - 1)) / step_cost(rows, width, context)
+
+where E_row(n) is the expected accepted length of the row's first n draft nodes. A width of 1 (no
+draft node: a plain step) is always a candidate, so a sized step is never expected to be slower than
+plain decoding's; one row on a device whose forward costs the same at any width gets the whole tree.
+Trees are cut to their first nodes: proposers order nodes best first (parents before children), so
+a tree's first n nodes are its most promising subtree.
+
+Acceptance is learned from the run: per proposer kind and match evidence (`TokenTree.evidence`),
+the share of steps whose path, having reached depth d - 1 where the tree went on, reached depth d.
+Knows nothing of models: `step_cost` is any function (a cost profile's `forward_s`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .tree import TokenTree
+
+StepCost = Callable[[int, int, int], float]  # (rows, nodes per row, context per row) -> seconds
+
+MAX_DEPTH = 32  # depths past this share its estimate
+CONTEXT_STEP = 64  # contexts are priced to this many tokens (prices are remembered, not recomputed)
+POOL_WEIGHT = 4.0  # a kind's pooled estimate counts as this many steps of a new evidence's own
+
+
+@dataclass
+class _DepthCounts:
+    tried: list[int] = field(default_factory=lambda: [0] * (MAX_DEPTH + 1))
+    reached: list[int] = field(default_factory=lambda: [0] * (MAX_DEPTH + 1))
+
+
+def _children(parents: Sequence[int]) -> list[list[int]]:
+    children: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            children[parent].append(node)
+    return children
+
+
+def depth_outcomes(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, bool]]:
+    """(depth, reached) for every depth the accepted `path` (node indices from the root) was
+    offered: depth d was offered where the path's node at depth d - 1 has a child in the tree."""
+    children = _children(parents)
+    outcomes = []
+    for depth in range(1, len(path) + 1):
+        if not children[path[depth - 1]]:
+            break
+        outcomes.append((depth, depth < len(path)))
+    return outcomes
+
+
+def deepest(parents: Sequence[int]) -> list[int]:
+    """For n = 0 .. len - 1: the greatest depth among the tree's first n + 1 nodes."""
+    depths = [0] * len(parents)
+    running, result = 0, []
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            depths[node] = depths[parent] + 1
+        running = max(running, depths[node])
+        result.append(running)
+    return result
+
+
+class LoadSizer:
+    """Chooses each step's tree width from `step_cost` and the acceptance learned so far.
+    `prompt_tokens`: a row's prompt length, for the context a step's forward attends over."""
+
+    def __init__(self, step_cost: StepCost, prompt_tokens: int = 0):
+        self.step_cost = step_cost
+        self.prompt_tokens = prompt_tokens
+        self._prices: dict[tuple[int, int, int], float] = {}
+        self._counts: dict[tuple[str, int], _DepthCounts] = {}
+        self._pooled: dict[str, _DepthCounts] = {}
+
+    def _reach(self, kind: str, evidence: int, depth: int) -> float:
+        """P(reach depth | reached depth - 1 and offered it): the evidence's own counts, shrunk
+        towards the kind's pooled counts (themselves towards 1/2)."""
+        d = min(depth, MAX_DEPTH)
+        pooled = self._pooled.get(kind)
+        prior = (pooled.reached[d] + 1) / (pooled.tried[d] + 2) if pooled else 0.5
+        own = self._counts.get((kind, evidence))
+        if own is None:
+            return prior
+        return (own.reached[d] + POOL_WEIGHT * prior) / (own.tried[d] + POOL_WEIGHT)
+
+    def expected_accepted(self, kind: str, tree: TokenTree) -> list[float]:
+        """E[accepted draft tokens] when verifying the tree's first n draft nodes, n = 0 .. len - 1."""
+        along = [0.0]
+        reach = 1.0
+        for depth in range(1, max(deepest(tree.parents)) + 1):
+            reach *= self._reach(kind, tree.evidence, depth)
+            along.append(along[-1] + reach)
+        return [along[depth] for depth in deepest(tree.parents)]
+
+    def width(self, kinds: Sequence[str], trees: Sequence[TokenTree], emitted: Sequence[int]) -> int:
+        """The tree width (root included) for this step's rows."""
+        rows = len(trees)
+        widest = max(len(tree) for tree in trees)
+        if widest == 1:
+            return 1
+        context = CONTEXT_STEP * round((self.prompt_tokens + sum(emitted) / rows) / CONTEXT_STEP)
+        gains = [self.expected_accepted(kind, tree) for kind, tree in zip(kinds, trees)]
+        best_width, best_rate = 1, 0.0
+        for width in range(1, widest + 1):
+            tokens = rows + sum(gain[min(width, len(gain)) - 1] for gain in gains)
+            rate = tokens / self._price(rows, width, context)
+            if rate > best_rate * (1 + 1e-9):
+                best_width, best_rate = width, rate
+        return best_width
+
+    def _price(self, rows: int, width: int, context: int) -> float:
+        key = (rows, width, context)
+        if key not in self._prices:
+            self._prices[key] = self.step_cost(rows, width, context)
+        return self._prices[key]
+
+    def observe(self, kind: str, tree: TokenTree, path: Sequence[int]) -> None:
+        """Learn from a verified tree (as cut) and its accepted path (node indices, root first)."""
+        for counts in (self._counts.setdefault((kind, tree.evidence), _DepthCounts()), self._pooled.setdefault(kind, _DepthCounts())):
+            for depth, reached in depth_outcomes(tree.parents, path):
+                d = min(depth, MAX_DEPTH)
+                counts.tried[d] += 1
+                counts.reached[d] += reached

@@ -1,0 +1,162 @@
+"""Verification sized by the load (sizing.py): what a step verifies follows the price of a forward and
+the acceptance learned so far, and never changes what is decoded."""
+
+import random
+
+import pytest
+
+from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch, decode_stream
+from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
+from hsd_cli.decoding.sizing import LoadSizer, deepest, depth_outcomes
+from hsd_cli.decoding.tree import TokenTree
+
+from .test_continuous_batching import NamedScriptTarget
+from .test_loop import ScriptedTarget
+
+CHAIN = TokenTree.chain(5, [6, 7, 8, 9], evidence=4)
+# root 0 -> 1 -> 3 -> 5, and 0 -> 2 -> 4: two branches, best first
+TRIE = TokenTree((5, 6, 16, 7, 17, 8), (-1, 0, 0, 1, 2, 3), evidence=6)
+
+
+def flat(rows, width, context):
+    return 1.0
+
+
+def per_token(rows, width, context):
+    """Compute-bound from the first token: every node costs as much as a plain row."""
+    return rows * width
+
+
+def half_node(rows, width, context):
+    """Every draft node costs half a plain row."""
+    return rows * (1 + (width - 1) / 2)
+
+
+def saturating(rows, width, context):
+    """Memory-bound up to 8 tokens a forward, then compute-bound (a GPU's shape, in small)."""
+    return max(1.0, rows * width / 8)
+
+
+def test_depth_outcomes_count_only_the_depths_the_path_was_offered():
+    assert depth_outcomes(CHAIN.parents, [0, 1, 2]) == [(1, True), (2, True), (3, False)]
+    assert depth_outcomes(CHAIN.parents, [0, 1, 2, 3, 4]) == [(1, True), (2, True), (3, True), (4, True)]
+    assert depth_outcomes(TRIE.parents, [0, 2, 4]) == [(1, True), (2, True)]  # node 4 has no child
+    assert depth_outcomes(TRIE.parents, [0]) == [(1, False)]
+    assert depth_outcomes(TokenTree.chain(5, []).parents, [0]) == []
+
+
+def test_deepest_follows_the_first_nodes():
+    assert deepest(CHAIN.parents) == [0, 1, 2, 3, 4]
+    assert deepest(TRIE.parents) == [0, 1, 1, 2, 2, 3]
+
+
+def test_first_nodes_are_a_tree():
+    assert TRIE.first(3) == TokenTree((5, 6, 16), (-1, 0, 0), evidence=6)
+    assert TRIE.first(99) is TRIE
+    assert CHAIN.first(1) == TokenTree.chain(5, [], evidence=4)
+
+
+def teach(sizer, kind, tree, accepted_depth, steps):
+    path = [0]
+    for _ in range(accepted_depth):
+        path.append(next(i for i, p in enumerate(tree.parents) if p == path[-1]))
+    for _ in range(steps):
+        sizer.observe(kind, tree, path)
+
+
+def test_one_row_on_a_flat_price_verifies_the_whole_tree():
+    assert LoadSizer(flat).width(["k"], [CHAIN], [10]) == len(CHAIN)
+
+
+def test_a_price_per_token_never_pays_for_a_draft():
+    """At a plain row's price a node would have to be accepted more than always."""
+    sizer = LoadSizer(per_token)
+    teach(sizer, "k", CHAIN, 4, 50)
+    assert sizer.width(["k"], [CHAIN], [10]) == 1
+
+
+def test_drafts_are_verified_where_they_hold_and_not_where_they_fail():
+    failing, holding = LoadSizer(half_node), LoadSizer(half_node)
+    teach(failing, "k", CHAIN, 0, 20)
+    teach(holding, "k", CHAIN, 4, 50)
+    assert failing.width(["k"], [CHAIN], [10]) == 1
+    assert holding.width(["k"], [CHAIN], [10]) == len(CHAIN)
+
+
+def test_more_rows_verify_fewer_nodes_on_a_saturating_price():
+    sizer = LoadSizer(saturating)
+    teach(sizer, "k", CHAIN, 2, 30)  # two of four draft tokens accepted, every time
+    widths = [sizer.width(["k"] * rows, [CHAIN] * rows, [10] * rows) for rows in (1, 2, 4, 8, 16)]
+    assert widths[0] == len(CHAIN), "one row: verifying is free"
+    assert widths == sorted(widths, reverse=True) and widths[-1] < widths[0]
+    assert widths[-1] == 1, "16 rows of 1 node already fill the 8 free tokens twice"
+
+
+def test_acceptance_is_learned_per_evidence_and_kind():
+    sizer = LoadSizer(half_node)
+    weak = TokenTree.chain(5, [6, 7, 8, 9], evidence=3)
+    strong = TokenTree.chain(5, [6, 7, 8, 9], evidence=10)
+    teach(sizer, "k", weak, 0, 40)
+    teach(sizer, "k", strong, 4, 40)
+    assert sizer.width(["k"], [weak], [0]) == 1
+    assert sizer.width(["k"], [strong], [0]) == len(strong)
+    assert sizer.width(["other"], [strong], [0]) == 1, "another kind starts from an even prior"
+    unseen = TokenTree.chain(5, [6, 7, 8, 9], evidence=7)
+    pooled = sizer.expected_accepted("k", unseen)
+    assert 0 < pooled[-1] < sizer.expected_accepted("k", strong)[-1], "an unseen evidence takes the kind's pooled rate"
+
+
+def test_a_price_is_asked_once_per_shape():
+    asked = []
+
+    def counting(rows, width, context):
+        asked.append((rows, width, context))
+        return 1.0
+
+    sizer = LoadSizer(counting, prompt_tokens=100)
+    for emitted in (10, 11, 12):
+        sizer.width(["k"], [CHAIN], [emitted])
+    assert len(asked) == len(set(asked)) == len(CHAIN)
+    assert {context for _, _, context in asked} == {128}, "contexts priced to 64 tokens: 100 + 10 -> 128"
+
+
+def scripts(count, length, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(98) for _ in range(length)] + [99] for _ in range(count)]
+
+
+def noisy(script, rate, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(98) if rng.random() < rate else token for token in script]
+
+
+@pytest.mark.parametrize("price", [flat, half_node, saturating], ids=["flat", "half-node", "saturating"])
+def test_sized_steps_decode_what_whole_trees_decode(price):
+    texts = scripts(6, 120, seed=1)
+    rates = [0.02, 0.5, None, 0.0, 0.1, 0.9]  # share of draft tokens replaced; None: no draft
+    drafts = [[] if rate is None else [noisy(text, rate, seed)] for seed, (text, rate) in enumerate(zip(texts, rates))]
+
+    def run(sizer):
+        requests = [DecodeRequest(None, str(i), DraftProposer(d) if d else NoDraftProposer()) for i, d in enumerate(drafts)]
+        return dict(decode_stream(NamedScriptTarget(texts), requests, DecodeConfig(max_new_tokens=200, repetition_guard=False),
+                                  max_rows=3, sizer=sizer))
+
+    whole, sized = run(None), run(LoadSizer(price))
+    for index, text in enumerate(texts):
+        assert sized[index].tokens == whole[index].tokens == text, f"request {index}"
+    if price is half_node:
+        # A node costs half a plain row: drafts that keep failing are not worth it.
+        assert sum(r.stats.proposed for r in sized.values()) < sum(r.stats.proposed for r in whole.values()) / 2
+    if price is flat:
+        assert [r.stats.forwards for r in sized.values()] == [r.stats.forwards for r in whole.values()]
+
+
+def test_drafts_that_keep_failing_cost_nothing_once_learned():
+    text = scripts(1, 400, seed=5)[0]
+    wrong = [noisy(text, 1.0, 6)]  # every draft token wrong: each offered depth fails
+    request = DecodeRequest(None, "", DraftProposer(wrong))
+    result = decode_batch(ScriptedTarget([text]), [request], DecodeConfig(max_new_tokens=500, repetition_guard=False),
+                          sizer=LoadSizer(half_node))[0]
+    assert result.tokens == text
+    widths = [width for _, width, _ in result.stats.steps]
+    assert widths[-100:] == [1] * 100, "after learning, plain steps"
