@@ -21,6 +21,7 @@ _MODULE_OF = {
     "DecodeStats": "stats",
     "DraftProposer": "proposer",
     "HFTarget": "target",
+    "LoadSizer": "sizing",
     "NoDraftProposer": "proposer",
     "ProposerConfig": "proposer",
     "RepetitionLoop": "repetition",

@@ -288,10 +288,11 @@ def decode(
     *,
     match: str = "tokens",
     proposer_config: ProposerConfig = ProposerConfig(),
+    sizer: LoadSizer | None = None,
 ) -> DecodeResult:
     """Decode one image + prompt with a set of draft texts."""
     request = DecodeRequest(image, prompt, make_proposer(target, drafts, match, proposer_config))
-    return decode_batch(target, [request], config)[0]
+    return decode_batch(target, [request], config, sizer=sizer)[0]
 
 
 def decode_many(
@@ -302,6 +303,7 @@ def decode_many(
     match: str = "tokens",
     proposer_config: ProposerConfig = ProposerConfig(),
     batch_size: int,
+    sizer: LoadSizer | None = None,
 ) -> list[DecodeResult]:
     """Decode (image, prompt, draft texts) items, e.g. region crops, `batch_size` at a time (the
     caller's batch: the region stage's is the one its planner prices)."""
@@ -309,5 +311,5 @@ def decode_many(
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         requests = [DecodeRequest(im, p, make_proposer(target, drafts, match, proposer_config)) for im, p, drafts in chunk]
-        results.extend(decode_batch(target, requests, config))
+        results.extend(decode_batch(target, requests, config, sizer=sizer))
     return results

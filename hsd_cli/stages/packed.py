@@ -39,7 +39,9 @@ def packed_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     region_rows = [
         DecodeRequest(crop, prompt, make_proposer(target, texts, match), feeds=0) for _, (crop, prompt, texts) in planned
     ]
-    packed, *region_results = decode_batch(target, [page_row, *region_rows], model.decode_config, separate_prefill=True)
+    packed, *region_results = decode_batch(
+        target, [page_row, *region_rows], model.decode_config, separate_prefill=True, sizer=model.sizer(page.picture)
+    )
     results = tuple(region_result(block, result) for (block, _), result in zip(planned, region_results, strict=True))
     # A page read again because its front matter says it is rotated (rare) is read as the page
     # stage reads it, with the region outputs in place of their blocks' drafts.

@@ -44,7 +44,7 @@ def page_stage(
 
     def read(turned: Image.Image) -> DecodeResult:
         return decode(model.target, turned, model.settings.page_prompt, drafts, model.decode_config,
-                      match=model.settings.draft_match)
+                      match=model.settings.draft_match, sizer=model.sizer(turned))
 
     return upright_read(picture, settings, read, upright)
 

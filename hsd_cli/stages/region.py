@@ -47,8 +47,11 @@ def region_result(block: Block, result: DecodeResult) -> RegionResult:
 def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings: ModelSettings) -> tuple[RegionResult, ...]:
     """One result per block of `regions` that has a crop, in reading order; crops decoded in batches."""
     planned = planned_crops(model, page, regions, settings)
+    if not planned:
+        return ()
+    largest = max((crop for _, (crop, _, _) in planned), key=lambda crop: max(crop.size))
     results = decode_many(
         model.target, [item for _, item in planned], model.decode_config,
-        match=model.settings.draft_match, batch_size=REGION_BATCH,
+        match=model.settings.draft_match, batch_size=REGION_BATCH, sizer=model.sizer(largest),
     )
     return tuple(region_result(block, result) for (block, _), result in zip(planned, results, strict=True))

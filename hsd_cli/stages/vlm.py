@@ -9,7 +9,7 @@ from functools import cache
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeConfig, UnsupportedTransformersError, check_cache_layout, load_target
+from hsd_cli.decoding import DecodeConfig, LoadSizer, UnsupportedTransformersError, check_cache_layout, load_target
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.profiles import Profile, load_profile, profile_name
 
@@ -99,6 +99,14 @@ class VlmModel:
         budget = options.max_new_tokens or self.settings.max_new_tokens
         self.decode_config = DecodeConfig(max_new_tokens=budget)
         self.profile = cost_profile(options, str(self.target.device), str(self.target.dtype).removeprefix("torch."))
+
+    def sizer(self, picture: Image.Image) -> LoadSizer | None:
+        """With a cost profile, each step verifies as many draft nodes as the profile prices best
+        (decoding/sizing.py), learning acceptance afresh per read so that a page's statistics do not
+        depend on the pages read before it; without one, whole trees."""
+        if self.profile is None:
+            return None
+        return LoadSizer(self.profile.forward_s, prompt_tokens=self.profile.prefill_tokens(max(picture.size)))
 
     def outside_replay_set(self, picture: Image.Image) -> bool:
         """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""
