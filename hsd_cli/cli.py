@@ -250,6 +250,7 @@ def convert(
         if problem := _model_directory_problem(options.model):
             reporter.error(problem, "give a local model directory, or a hub id that is in the HF cache")
             raise typer.Exit(ExitCode.ENVIRONMENT)
+        from hsd_cli.decoding.target.families import UnsupportedFamilyError
         from hsd_cli.settings_files import SettingsFileError
         from hsd_cli.stages.vlm import ModelUnavailableError, preflight
 
@@ -258,6 +259,9 @@ def convert(
         except ModelUnavailableError as exc:
             reporter.error(str(exc), exc.hint)
             raise typer.Exit(ExitCode.ENVIRONMENT) from None
+        except UnsupportedFamilyError as exc:
+            hint = "`hsd models` lists the families hsd serves, and those it refuses with the reason"
+            raise usage(str(exc), hint) from None
         except SettingsFileError as exc:
             reporter.error(str(exc), "fix or remove it; `hsd models` shows which settings file each family uses")
             raise typer.Exit(ExitCode.USAGE) from None
@@ -298,7 +302,9 @@ def convert(
 def models(
     json: Annotated[bool, typer.Option("--json", help="Print the list as JSON on stdout.")] = False,
 ) -> None:
-    """List the model families hsd has settings for, their known models and whether each is present."""
+    """List the model families hsd has settings for, their known models and whether each is present, and the
+    families hsd refuses with the reason."""
+    from hsd_cli.decoding.target.families import REFUSED
     from hsd_cli.models.settings import (
         PACKAGED_DIR,
         locate_model,
@@ -330,8 +336,9 @@ def models(
         "hf_home": os.environ.get("HF_HOME", "~/.cache/huggingface"),
         "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0"),
     }
+    refused = [{"family": model_type, "reason": reason} for model_type, reason in sorted(REFUSED.items())]
     if json:
-        sys.stdout.write(json_lib.dumps({"families": families, "looked_in": where}) + "\n")
+        sys.stdout.write(json_lib.dumps({"families": families, "refused": refused, "looked_in": where}) + "\n")
         return
     table = Table(title="VLM families (local directories work for any of them: --model DIR)", title_justify="left")
     for column in ("family", "settings", "model", "present"):
@@ -340,8 +347,14 @@ def models(
         rows = family["models"] or [{"id": "(any local directory)", "path": None}]
         for row in rows:
             table.add_row(family["family"], family["settings_from"], row["id"], row["path"] or "no")
+    refusals = Table(title="Refused families (not decoded losslessly by hsd)", title_justify="left")
+    for column in ("family", "reason"):
+        refusals.add_column(column)
+    for family in refused:
+        refusals.add_row(family["family"], family["reason"])
     console = Console()
     console.print(table)
+    console.print(refusals)
     console.print(
         f"settings packaged in {where['packaged_settings']}; user settings in {where['user_settings']}"
         f" (a file there replaces the packaged one of the same name). HF cache under {where['hf_home']}",

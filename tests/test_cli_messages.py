@@ -94,6 +94,28 @@ def test_a_directory_without_config_json_is_no_model(docs_dir, tmp_path):
     assert result.exit_code == 4 and "has no config.json" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("model_type", "said"),
+    [
+        ("minicpm_ocr", "model family 'minicpm_ocr' cannot be decoded losslessly by hsd: its text model (qwen3_5_text)"),
+        ("qwen3_5", "model family 'qwen3_5' cannot be decoded losslessly by hsd: its text model (qwen3_5_text)"),
+        ("llava", "model family 'llava' is not supported; supported: "),
+    ],
+)
+def test_a_model_of_a_family_hsd_refuses_or_lacks_is_one_usage_error_before_any_work(
+    model_type, said, docs_dir, tmp_path
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(f'{{"model_type": "{model_type}"}}')
+    result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", model)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {said}"), result.stderr
+    assert "hsd models" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
 def test_a_missing_eval_package_names_an_install_that_exists(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "olmocr.bench.tests", None)  # import now fails as if not installed
     (tmp_path / "tests.jsonl").write_text("")

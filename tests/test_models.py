@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,9 @@ import pytest
 
 import hsd_cli
 import hsd_cli.configs
+from hsd_cli.decoding.target.families import ADAPTERS, REFUSED
 from hsd_cli.models.settings import all_settings, settings_for
+from hsd_cli.models.tiny_families import TINY_FAMILIES
 from hsd_cli.settings_files import SettingsFileError
 from tests.conftest import run_hsd
 
@@ -82,6 +85,44 @@ def test_hsd_models_lists_every_family_from_the_installed_package(user_config_ho
         assert family["settings_from"] == "packaged"
         assert Path(family["settings"]).resolve() == packaged_dir / f"{family['family']}.toml"
     assert [s.family for s in all_settings()] == CHECKOUT_FAMILIES
+
+
+def test_hsd_models_lists_the_refused_families_with_their_reasons():
+    result = run_hsd("models", "--json")
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert {f["family"]: f["reason"] for f in listing["refused"]} == REFUSED
+    assert {"minicpm_ocr", "qwen3_5"} <= {f["family"] for f in listing["refused"]}
+    shown = run_hsd("models")
+    assert shown.exit_code == 0, shown.output
+    assert all(model_type in shown.stdout for model_type in REFUSED)
+
+
+def readme_model_tables() -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """README's tables of the families hsd serves and of those it refuses ("With a VLM"), each
+    row's cells by column name, keyed by the family's model_type."""
+    readme = (CHECKOUT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### With a VLM", 1)[1].split("\n### ", 1)[0]
+    tables = []
+    for block in re.findall(r"(?:^\|.*\|\n)+", section, flags=re.MULTILINE):
+        header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()]
+        tables.append({row[0].strip("`"): dict(zip(header, row)) for row in rows})
+    served = next(t for t in tables if all("model ids" in row for row in t.values()))
+    refused = next(t for t in tables if all("text model" in row for row in t.values()))
+    return served, refused
+
+
+def test_the_readme_tables_list_every_family_hsd_serves_or_refuses():
+    """Every family with a settings file, its known ids, and every refused family, as the code has
+    them; `default` holds the settings of a family without a file of its own, not a family."""
+    served, refused = readme_model_tables()
+    settings = {s.family: s for s in all_settings() if s.family != "default"}
+    assert set(served) == set(settings) == set(ADAPTERS)
+    for family, row in served.items():
+        assert set(re.findall(r"`([^`]+)`", row["model ids"])) == set(settings[family].known_ids), family
+        if "tiny random" in row["tested here"]:
+            assert family in TINY_FAMILIES
+    assert set(refused) == set(REFUSED)
 
 
 def test_user_settings_replace_a_family_whole_and_add_new_ones(user_config_home):

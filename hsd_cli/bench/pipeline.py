@@ -217,6 +217,7 @@ def pipeline(
     import torch
     from transformers.utils import logging as hf_logging
 
+    from hsd_cli.decoding.target.families import UnsupportedFamilyError
     from hsd_cli.stages.vlm import ModelUnavailableError, VlmModel, VlmOptions, preflight
 
     if threads:
@@ -232,6 +233,9 @@ def pipeline(
     except ModelUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(4) from None
+    except UnsupportedFamilyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
     vlm = VlmModel(options)
     config = ConvertConfig(output_dir=Path("."), model=model)  # the draft settings of hsd convert's defaults
     report = bench_pages(vlm, documents, chosen, config, progress=lambda line: print(line, file=sys.stderr))

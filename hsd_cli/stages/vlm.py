@@ -10,6 +10,7 @@ from functools import cache
 from PIL import Image
 
 from hsd_cli.decoding import DecodeConfig, LoadSizer, UnsupportedTransformersError, check_cache_layout, load_target
+from hsd_cli.decoding.target.families import adapter_for
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.profiles import Profile, load_profile, profile_name
 
@@ -40,8 +41,9 @@ class ModelUnavailableError(RuntimeError):
 def preflight(options: VlmOptions) -> str:
     """Check, without loading weights, that the model resolves, the device exists and the
     installed transformers is one the decoder knows; returns the model family (`model_type`).
-    A family settings file that cannot be used raises SettingsFileError here, once, rather than
-    failing every page in the workers."""
+    A family hsd does not serve or refuses raises UnsupportedFamilyError, and a family settings
+    file that cannot be used SettingsFileError, here, once, rather than failing every document in
+    the workers."""
     import torch
 
     try:
@@ -59,6 +61,7 @@ def preflight(options: VlmOptions) -> str:
     except (OSError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelUnavailableError(f"cannot load model {options.model!r}: {first_line}") from None
+    adapter_for(family)
     settings_for(family)
     if options.profile:
         try:

@@ -1,6 +1,7 @@
 """What differs between model families: processors, chat prompts, positions (1-D or M-RoPE with
 its rope deltas), image inputs, vision and stop tokens. One small `FamilyAdapter` per family (a
-module per kind of positions, or per family where it needs more); `adapter_for(model_type)` picks it."""
+module per kind of positions, or per family where it needs more); `adapter_for(model_type)` picks it,
+or refuses a family the loop cannot decode losslessly (`REFUSED`) with the reason."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from .base import FamilyAdapter
 from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter
 from .one_d import GotOcr2Adapter, Idefics3Adapter, LightOnOcrAdapter, QianfanOcrAdapter, got_ocr2_image_tokens
 
-__all__ = ["ADAPTERS", "FamilyAdapter", "adapter_for", "got_ocr2_image_tokens"]
+__all__ = ["ADAPTERS", "REFUSED", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
 
 ADAPTERS: dict[str, FamilyAdapter] = {
     t: a
@@ -20,8 +21,37 @@ ADAPTERS: dict[str, FamilyAdapter] = {
 }
 
 
+def _gated_deltanet(text_model: str) -> str:
+    # A linear-attention layer ignores a tree's 4-D mask (transformers gives it padding masks only)
+    # and folds each token into one state: there is no entry per node to keep or drop.
+    return (
+        f"its text model ({text_model}) has Gated DeltaNet linear-attention layers: their recurrent state reads "
+        "a draft tree's nodes as one sequence and keeps rejected ones in, with no per-token entry hsd's KV-cache "
+        "edits could drop"
+    )
+
+
+# Model types that OCR users run but whose text model the loop cannot decode losslessly, with the
+# reason `adapter_for` and `hsd models` give (README lists the models behind each).
+REFUSED: dict[str, str] = {
+    "minicpm_ocr": _gated_deltanet("qwen3_5_text"),
+    "minicpmv4_6": _gated_deltanet("qwen3_5_text"),
+    "minicpmv4_7": _gated_deltanet("qwen3_5_text"),
+    "qwen3_5": _gated_deltanet("qwen3_5_text"),
+    "qwen3_5_moe": _gated_deltanet("qwen3_5_moe_text"),
+}
+
+
+class UnsupportedFamilyError(ValueError):
+    """A model family with no adapter, or refused; the message is one line."""
+
+
 def adapter_for(model_type: str) -> FamilyAdapter:
+    if model_type in REFUSED:
+        raise UnsupportedFamilyError(
+            f"model family {model_type!r} cannot be decoded losslessly by hsd: {REFUSED[model_type]}"
+        )
     try:
         return ADAPTERS[model_type]
     except KeyError:
-        raise ValueError(f"model family {model_type!r} is not supported; supported: {sorted(ADAPTERS)}") from None
+        raise UnsupportedFamilyError(f"model family {model_type!r} is not supported; supported: {sorted(ADAPTERS)}") from None
