@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from hsd_cli.models.tiny import build_tiny_tokenizer, text_settings, vision_token_settings
-from hsd_cli.models.tiny_families import mrope, one_d
+from hsd_cli.models.tiny_families import kosmos2_5, mrope, one_d
 from hsd_cli.models.tiny_families.recipe import TinyRecipe
 
-RECIPES: dict[str, TinyRecipe] = {**mrope.RECIPES, **one_d.RECIPES}
+RECIPES: dict[str, TinyRecipe] = {**mrope.RECIPES, **one_d.RECIPES, **kosmos2_5.RECIPES}
 TINY_FAMILIES = tuple(RECIPES)
 
 
@@ -48,7 +48,7 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for token in recipe.tokens.all:
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)].zero_()
+            model.get_output_embeddings().weight[tokenizer.convert_tokens_to_ids(token)].zero_()
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     model.save_pretrained(out_dir)
