@@ -6,6 +6,7 @@ from .acceptance import acceptance
 from .decode import decode
 from .pipeline import pipeline
 from .repetition import repetition
+from .throughput import throughput
 
 bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding, and acceptance in a real model's tokens.", no_args_is_help=True)
 
@@ -19,3 +20,4 @@ bench_app.command("decode")(decode)
 bench_app.command("acceptance")(acceptance)
 bench_app.command("pipeline")(pipeline)
 bench_app.command("repetition")(repetition)
+bench_app.command("throughput")(throughput)

@@ -30,7 +30,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
     from hsd_cli.replay.dataset import pair_pages, region_target
     from hsd_cli.stages.draft import draft_page, make_draft_backend
     from hsd_cli.stages.dialect import block_drafts, draft_plan, page_drafts, settled
-    from hsd_cli.stages.rasterize import open_document
+    from hsd_cli.stages.rasterize import open_document, render_scale
 
     pairs, unmatched = pair_pages(outputs, inputs)
     for name in unmatched:
@@ -54,9 +54,36 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
         if output:
             outputs_so_far.append(output)
         page_id = f"{pair.document.relative_to(inputs)}:{pair.page_no}"
-        pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts, blocks))
+        side = round(max(draft.size_pt) * render_scale(draft.size_pt, defaults.dpi, defaults.max_pixels))
+        pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts, blocks, side))
         log(f"{page_id}: {draft.backend} draft, {len(drafts)} blocks, {len(output)} output chars")
     return pages
+
+
+def projected_throughput(
+    pages: list[BenchPage], tokenizer: Any, stop_token_id: int, match: str, config: Any, profile_name: str,
+    rows: tuple[int, ...], graph_saving_s: float,
+) -> dict[str, Any]:
+    """Per page kind and over all pages (the kinds one after the other): each throughput arm's
+    projected pages per second on the profile's device, with the published outputs as the model's."""
+    from hsd_cli.bench.corpus_projection import projected_arms, projected_json
+    from hsd_cli.profiles import load_profile
+
+    try:
+        profile = load_profile(profile_name)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise typer.BadParameter(f"cannot read cost profile {profile_name!r}: {exc}", param_hint="--profile") from None
+    outputs = {page.id: tokenizer.encode(page.output, add_special_tokens=False) + [stop_token_id] for page in pages}
+    by_kind = {}
+    for kind in sorted({page.kind for page in pages}):
+        of_kind = [page for page in pages if page.kind == kind]
+        by_kind[kind.replace("-", "_")] = (len(of_kind), projected_arms(
+            of_kind, outputs, tokenizer, [stop_token_id], profile, match, config, rows, graph_saving_s))
+    every = {arm: {r: sum(seconds[arm][r] for _, seconds in by_kind.values()) for r in by} for arm, by in next(iter(by_kind.values()))[1].items()}
+    kinds = {kind: projected_json(seconds, count) for kind, (count, seconds) in by_kind.items()}
+    kinds["all"] = projected_json(every, len(pages))
+    return {"profile": profile.name, "profile_kind": profile.kind,
+            "plain_graph_saving_s": graph_saving_s if profile.kind == "analytic" else 0.0, "kinds": kinds}
 
 
 def print_table(report: dict[str, Any], title: str) -> None:
@@ -89,13 +116,21 @@ def acceptance(
     end_token: Annotated[
         str | None, typer.Option(help="The token that ends the model's answer (default: the tokenizer's eos token).")
     ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="A cost profile (stored name or JSON file): also project corpus throughput on its device, per arm of `hsd bench throughput`, from these outputs."),
+    ] = None,
+    rows: Annotated[str, typer.Option(help="Row counts to project, comma-separated (with --profile).")] = "1,2,4,8,16,32,64,128,256,448",
+    graph_saving_ms: Annotated[float, typer.Option(help="Per-forward launch time a CUDA-graph plain engine saves against hsd's eager 4 ms (analytic profiles).")] = 3.0,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Acceptance in a real model's tokens: forwards and tau of lossless greedy decoding on hsd's
-    drafts, computed exactly from published outputs (no model runs)."""
+    drafts, computed exactly from published outputs (no model runs); with --profile, the corpus
+    throughput those outputs give on the profile's device."""
     from transformers import AutoTokenizer
 
     from hsd_cli.bench.oracle import run_acceptance
+    from hsd_cli.bench.throughput import row_counts
     from hsd_cli.decoding import DecodeConfig
     from hsd_cli.models.settings import settings_for
     from hsd_cli.settings_files import SettingsFileError
@@ -113,12 +148,17 @@ def acceptance(
     stop_token_id = loaded.convert_tokens_to_ids(end) if end else None
     if stop_token_id is None or stop_token_id == loaded.unk_token_id:
         raise typer.BadParameter(f"{end!r} is not a token of {tokenizer}", param_hint="--end-token")
+    if profile is not None:
+        row_counts(rows, "--rows")  # a bad --rows fails before any page is drafted
     pages = draft_bench_pages(outputs, inputs, settings, log=lambda message: print(message, file=sys.stderr))
     if not pages:
         print(f"error: no output in {outputs} belongs to a document in {inputs}", file=sys.stderr)
         raise typer.Exit(2)
     config = DecodeConfig(max_new_tokens=settings.max_new_tokens)
     report = run_acceptance(pages, loaded, stop_token_id, settings.draft_match, config)
+    if profile is not None:
+        report["throughput"] = projected_throughput(pages, loaded, stop_token_id, settings.draft_match, config, profile,
+                                                    row_counts(rows, "--rows"), graph_saving_ms / 1000)
     report.update(
         outputs=str(outputs), inputs=str(inputs), tokenizer=tokenizer, family=settings.family,
         family_match=settings.draft_match, end_token=end, max_new_tokens=settings.max_new_tokens,

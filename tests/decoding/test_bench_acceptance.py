@@ -116,3 +116,28 @@ def test_bench_acceptance_reports_every_arm_by_page_kind(qwen_target, docs_dir, 
     assert {group.split("/")[0] for group in blocks} == {"pdf-text", "ocr"}
     text = blocks["pdf-text/text"]
     assert text["tau"] > 10, "a text-layer paragraph is the output's own: whole draft chains accepted"
+    assert "throughput" not in report, "projected only with --profile"
+
+
+def test_bench_acceptance_projects_corpus_throughput_on_a_profile(qwen_target, docs_dir, tmp_path):
+    from .test_bench_throughput import flat_profile
+
+    inputs, outputs = tmp_path / "pdfs", tmp_path / "outputs"
+    inputs.mkdir(), outputs.mkdir()
+    shutil.copy(docs_dir / "report.pdf", inputs / "report.pdf")
+    published = f"# {fixtures.TITLE}\n\n## {fixtures.SECTION}\n\n{fixtures.LEFT_COLUMN}\n\n{fixtures.RIGHT_COLUMN}"
+    (outputs / "report_pg1_repeat1.md").write_text(published, encoding="utf-8")
+    tokenizer_dir, profile = tmp_path / "tokenizer", tmp_path / "profile.json"
+    qwen_target.tokenizer.save_pretrained(tokenizer_dir)
+    profile.write_text(json.dumps(flat_profile("analytic").to_json()))
+    args = ["acceptance", "--outputs", outputs, "--inputs", inputs, "--tokenizer", tokenizer_dir, "--profile", profile,
+            "--rows", "1,2", "--json"]
+    result = CliRunner().invoke(bench_app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    throughput = json.loads(result.stdout)["throughput"]
+    assert throughput["profile_kind"] == "analytic" and set(throughput["kinds"]) == {"born_digital", "all"}
+    arms = throughput["kinds"]["born_digital"]["arms"]
+    assert set(arms) == {"generate", "plain-cb", "hsd-1", "hsd-cb"}
+    # At a flat price the page's own words as drafts read it in a fraction of generate's forwards.
+    assert arms["hsd-1"]["pages_per_s"] > 2 * arms["generate"]["pages_per_s"]
+    assert throughput["kinds"]["all"]["by_rows"]["1"] == throughput["kinds"]["born_digital"]["by_rows"]["1"]

@@ -1,0 +1,133 @@
+"""What the throughput arms (`hsd bench throughput`) reach on a cost profile's device, at any rows:
+the pages go through the decoding loop with an oracle of their output tokens in place of the model
+(the same acceptance, step for step: bench/oracle.py) and every prefill and forward is priced on the
+profile at its shape (rows, nodes per row, context). The outputs are a measured run's
+(`hsd bench throughput --profile`) or a real model's published ones (`hsd bench acceptance
+--profile`): then no model runs at all."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from hsd_cli.bench.oracle import OracleState, OracleTarget
+from hsd_cli.decoding import DecodeConfig, DecodeRequest, NoDraftProposer, make_proposer
+from hsd_cli.decoding.loop import decode_stream
+from hsd_cli.decoding.sizing import LoadSizer
+
+if TYPE_CHECKING:
+    from hsd_cli.profiles import Profile
+
+ARMS = ("generate", "plain-cb", "hsd-1", "hsd-cb")
+
+
+class CorpusPage(Protocol):
+    id: str
+    side: int  # the page picture's longer side, in pixels: what its prefill costs
+    drafts: tuple[str, ...]
+
+
+
+@dataclass
+class PricedState(OracleState):
+    prompt_tokens: list[int] = field(default_factory=list)  # per row
+
+
+def _priced(state: OracleState, prompt_tokens: list[int]) -> PricedState:
+    return PricedState(**{f.name: getattr(state, f.name) for f in fields(OracleState)}, prompt_tokens=prompt_tokens)
+
+
+class PricedOracle(OracleTarget):
+    """An oracle target that adds what each of its prefills and forwards costs on `profile`;
+    `forward_saving_s` less per forward (a CUDA-graph engine's launches against eager ones)."""
+
+    def __init__(self, tokenizer: Any, answers: dict[str, list[int]], stop_token_ids: Sequence[int], profile: Profile,
+                 prompt_tokens: dict[str, int], sides: dict[str, int], forward_saving_s: float = 0.0) -> None:
+        super().__init__(tokenizer, answers, stop_token_ids)
+        self.profile, self.prompt_tokens, self.sides = profile, prompt_tokens, sides
+        self.forward_saving_s = forward_saving_s
+        self.seconds = 0.0
+        self._prompts: dict[int, int] = {}  # request index -> prompt tokens
+
+    def inputs(self, images: Sequence[Any], prompts: Sequence[str]) -> dict:
+        return super().inputs(images, prompts) | {"prompts": list(prompts)}
+
+    def prefill(self, inputs: dict) -> tuple[PricedState, torch.Tensor]:
+        # Each joining row's prefill priced alone, as hsd and the plain engine prefill them apart.
+        self.seconds += sum(self.profile.prefill_s(self.sides[prompt]) for prompt in inputs["prompts"])
+        state, logits = super().prefill(inputs)
+        return _priced(state, [self.prompt_tokens[prompt] for prompt in inputs["prompts"]]), logits
+
+    def forward_tree(self, state: PricedState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+        rows, width = tokens.shape
+        context = round(sum(p + e for p, e in zip(state.prompt_tokens, state.emitted)) / rows)
+        self.seconds += max(self.profile.forward_s(rows, width, context) - self.forward_saving_s, 0.0)
+        return super().forward_tree(state, tokens, depths, ancestors)
+
+    def keep_rows(self, state: PricedState, keep: Sequence[int]) -> None:
+        super().keep_rows(state, keep)
+        state.prompt_tokens = [state.prompt_tokens[i] for i in keep]
+
+    def join(self, states: Sequence[PricedState]) -> PricedState:
+        return _priced(super().join(states), [p for state in states for p in state.prompt_tokens])
+
+
+def projected_seconds(
+    pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
+    profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: str, forward_saving_s: float,
+) -> float:
+    """Seconds on `profile` to read `pages` at `rows` (drafted or plainly); `sized`: "page" (a sizer
+    per page read, as hsd convert), "corpus" (one for the stream) or "none" (whole trees)."""
+    sides = {page.id: page.side for page in pages}
+    prompt_tokens = {page_id: profile.prefill_tokens(side) for page_id, side in sides.items()}
+    oracle = PricedOracle(tokenizer, outputs, stop_token_ids, profile, prompt_tokens, sides, forward_saving_s)
+
+    def request(page: CorpusPage) -> DecodeRequest:
+        proposer = make_proposer(oracle, page.drafts, match) if drafted else NoDraftProposer()
+        return DecodeRequest(None, page.id, proposer)
+
+    if sized == "page":
+        for page in pages:
+            sizer = LoadSizer(profile.forward_s, prompt_tokens=prompt_tokens[page.id])
+            for _ in decode_stream(oracle, [request(page)], config, max_rows=1, sizer=sizer):
+                pass
+        return oracle.seconds
+    sizer = LoadSizer(profile.forward_s, prompt_tokens=round(sum(prompt_tokens.values()) / len(pages))) if sized == "corpus" else None
+    for _ in decode_stream(oracle, [request(page) for page in pages], config, max_rows=rows, sizer=sizer):
+        pass
+    return oracle.seconds
+
+
+def projected_arms(
+    pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
+    profile: Profile, match: str, config: DecodeConfig, rows: Sequence[int], graph_saving_s: float,
+) -> dict[str, dict[int, float]]:
+    """arm -> rows -> projected seconds for `pages` (one kind). The plain engine gets
+    `graph_saving_s` per forward on an analytic profile only (a measured one has its own launches)."""
+    saving = graph_saving_s if profile.kind == "analytic" else 0.0
+
+    def seconds(r: int, drafted: bool, sized: str, forward_saving_s: float = 0.0) -> float:
+        return projected_seconds(pages, outputs, tokenizer, stop_token_ids, profile, match, config,
+                                 rows=r, drafted=drafted, sized=sized, forward_saving_s=forward_saving_s)
+
+    return {
+        "generate": {1: seconds(1, False, "none")},
+        "plain-cb": {r: seconds(r, False, "none", saving) for r in rows},
+        "hsd-1": {1: seconds(1, True, "page")},
+        "hsd-cb": {r: seconds(r, True, "corpus") for r in rows},
+    }
+
+
+def projected_json(seconds: dict[str, dict[int, float]], pages: int) -> dict[str, Any]:
+    """Pages per second per arm at its best rows, and per row count."""
+    arms, by_rows = {}, {}
+    for arm, by_count in seconds.items():
+        rates = {r: pages / s if s else 0.0 for r, s in by_count.items()}
+        best = max(rates, key=rates.__getitem__)
+        arms[arm] = {"best_rows": best, "pages_per_s": round(rates[best], 3)}
+        for r, rate in rates.items():
+            by_rows.setdefault(str(r), {})[arm] = round(rate, 3)
+    return {"arms": arms, "by_rows": dict(sorted(by_rows.items(), key=lambda item: int(item[0])))}

@@ -1,0 +1,124 @@
+"""`hsd bench throughput` and the corpus projection: every arm decodes every page as `generate`
+does; projected seconds are the profile's prices of the steps the loop takes."""
+
+import json
+import shutil
+from dataclasses import dataclass
+
+import pymupdf
+import pytest
+from typer.testing import CliRunner
+
+from hsd_cli.bench import bench_app
+from hsd_cli.bench.corpus_projection import projected_arms, projected_seconds
+from hsd_cli.decoding.loop import DecodeConfig
+from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
+
+from .test_bench_acceptance import STOP, NumberTokenizer
+
+FORWARD_S, PREFILL_S = 0.01, 0.05
+
+
+def flat_profile(kind="measured", forward_s=FORWARD_S):
+    """A forward costs the same at any shape (a device far from its compute bound)."""
+    forwards = tuple(ForwardCost(r, n, c, forward_s) for r in (1, 512) for n in (1, 64) for c in (16, 8192))
+    prefills = (PrefillCost(100, 10, PREFILL_S), PrefillCost(4000, 10, PREFILL_S))
+    return Profile("flat", "m", "d", "float32", kind, forwards, prefills)
+
+
+@dataclass(frozen=True)
+class Page:
+    id: str
+    side: int
+    drafts: tuple[str, ...]
+
+
+ANSWERS = {"a": list(range(10, 40)) + [STOP], "b": list(range(50, 62)) + [STOP]}
+
+
+def text(tokens):
+    return " ".join(map(str, tokens))
+
+
+class SpaceTokenizer(NumberTokenizer):
+    """Text of space-separated numbers, one token each."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(word) for word in text.split()]
+
+
+def seconds(pages, rows, drafted, sized, saving=0.0, profile=None):
+    return projected_seconds(pages, ANSWERS, SpaceTokenizer(), [STOP], profile or flat_profile(), "tokens",
+                             DecodeConfig(max_new_tokens=64, repetition_guard=False), rows=rows, drafted=drafted,
+                             sized=sized, forward_saving_s=saving)
+
+
+PAGES = [Page("a", 1000, (text(ANSWERS["a"][:-1]),)), Page("b", 1000, ())]
+
+
+def test_plain_reading_one_page_at_a_time_is_a_prefill_and_a_forward_per_further_token():
+    tokens = sum(len(answer) for answer in ANSWERS.values())
+    assert seconds(PAGES, 1, drafted=False, sized="none") == pytest.approx(2 * PREFILL_S + (tokens - 2) * FORWARD_S)
+
+
+def test_rows_read_together_share_their_forwards():
+    longest = max(len(answer) for answer in ANSWERS.values())
+    assert seconds(PAGES, 2, drafted=False, sized="none") == pytest.approx(2 * PREFILL_S + (longest - 1) * FORWARD_S)
+
+
+def test_a_draft_of_the_whole_page_takes_one_forward_and_the_graph_saving_only_plain_forwards():
+    assert seconds(PAGES[:1], 1, drafted=True, sized="none") == pytest.approx(PREFILL_S + FORWARD_S)
+    assert seconds(PAGES[:1], 1, drafted=False, sized="none", saving=0.004) == pytest.approx(
+        PREFILL_S + (len(ANSWERS["a"]) - 1) * (FORWARD_S - 0.004)
+    )
+
+
+def test_projected_arms_apply_the_graph_saving_to_the_plain_engine_on_analytic_profiles_only():
+    config = DecodeConfig(max_new_tokens=64, repetition_guard=False)
+
+    def arms(kind):
+        return projected_arms(PAGES, ANSWERS, SpaceTokenizer(), [STOP], flat_profile(kind), "tokens", config, (1, 2), 0.004)
+
+    measured, analytic = arms("measured"), arms("analytic")
+    assert measured["plain-cb"][1] == pytest.approx(measured["generate"][1])
+    assert analytic["plain-cb"][1] < analytic["generate"][1]
+    assert analytic["hsd-1"][1] == measured["hsd-1"][1] < measured["generate"][1]
+    assert set(measured) == {"generate", "plain-cb", "hsd-1", "hsd-cb"} and set(measured["hsd-cb"]) == {1, 2}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from hsd_cli.models.tiny_families import build_tiny_random
+
+    return build_tiny_random("qwen2_5_vl", tmp_path_factory.mktemp("throughput_tiny"))
+
+
+def test_bench_throughput_reports_every_arm_identical_to_generate_per_kind(tiny_model, docs_dir, tmp_path):
+    inputs = tmp_path / "pdfs"
+    inputs.mkdir()
+    for name in ("report.pdf", "scan.pdf"):
+        shutil.copy(docs_dir / name, inputs / name)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(flat_profile("analytic").to_json()))
+    args = ["throughput", inputs, "--model", tiny_model, "--rows", "1,2", "--projected-rows", "1,4", "--max-new-tokens", "24",
+            "--profile", profile, "--json"]
+    result = CliRunner().invoke(bench_app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["kinds"]) == {"born_digital", "scan", "all"}
+    for kind, entry in report["kinds"].items():
+        assert set(entry["arms"]) == {"generate", "plain-cb", "hsd-1", "hsd-cb"}
+        for arm, figures in entry["arms"].items():
+            assert figures["identical_share"] == 1.0, (kind, arm)
+            assert figures["pages_per_s"] > 0 and figures["projected"]["pages_per_s"] > 0
+        assert set(entry["by_rows"]) == {"1", "2"} and set(entry["by_rows"]["2"]) == {"plain-cb", "hsd-cb"}
+        assert set(entry["projected_by_rows"]) == {"1", "4"}
+    pages = sum(pymupdf.open(path).page_count for path in inputs.iterdir())
+    assert report["sized"] and report["plain_graph_saving_s"] == 0.003 and report["pages"] == pages
+    assert report["draft_cpu_s_per_page"] > 0 and report["draft_cores_per_device"]["projected"] > 0
+
+
+@pytest.mark.parametrize("rows", ["0", "1,x", ""])
+def test_bench_throughput_refuses_bad_row_counts_in_one_line(rows, tmp_path):
+    result = CliRunner().invoke(bench_app, ["throughput", str(tmp_path), "--model", "m", "--rows", rows])
+    assert result.exit_code == 2 and "--rows" in result.output
