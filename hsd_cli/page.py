@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from hsd_cli.records import Block, PageFlag
+from hsd_cli.records import Block, Grounding, PageFlag
 from hsd_cli.stats import BaselineCheck, DecodingTotals, RegionResult
 
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
@@ -61,7 +61,7 @@ class Reading:
 
     result: DecodeResult  # the page stage's last read
     front_matter: dict[str, Any] | None
-    text: str  # the output without its front matter
+    text: str  # the output without its front matter and grounding tags
     dialect: dict[str, Any]  # the dialect the drafts were written in
     rotation: int = 0  # degrees the page was turned (PIL's counter-clockwise transposes, as olmOCR)
     reads: int = 1
@@ -71,6 +71,7 @@ class Reading:
     page_s: float = 0.0
     baseline: BaselineCheck | None = None  # --baseline only
     baseline_page_s: float | None = None
+    grounding: Grounding | None = None  # the layout the output's grounding tags gave, where it has them
 
     @property
     def forwards(self) -> int:

@@ -136,7 +136,7 @@ def read_stage(page: Page, model: VlmModel, so_far: DocumentSoFar) -> Reading | 
             regions = region_stage(model, page, plan.regions, settings)
             regions_done = time.perf_counter()
             region_texts = {region.block_id: region.text for region in regions if region.text is not None}
-            reading = page_stage(model, page.picture, page_drafts(page.blocks, settings, region_texts), settings)
+            reading = page_stage(model, page.picture, page_drafts(page.blocks, settings, region_texts, page.size_pt), settings)
             # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
             region_s = regions_done - started if regions else 0.0
             return replace(reading, regions=regions, region_s=region_s, page_s=time.perf_counter() - regions_done)

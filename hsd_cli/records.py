@@ -76,3 +76,21 @@ class Block:
     source: str  # which draft backend (or later: which model stage) produced the text
     level: int = 0  # heading level 1-6 for titles and section headers
     html: str | None = None  # tables: the HTML form (spans preserved)
+
+
+@dataclass(frozen=True)
+class GroundedBlock:
+    """A block as a model's grounding tags place it on the page it read."""
+
+    label: str  # the model's word for the block's kind (DeepSeek-OCR: title, text, table, image, ...)
+    boxes: tuple[tuple[float, float, float, float], ...]  # (x0, y0, x1, y1) in the model's coordinates
+    text: str  # what the model wrote after the tag, up to the next one
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """The layout a model wrote around its text: its blocks, their boxes running from 0 to
+    `scale` across the page's width and height, from its top-left corner."""
+
+    scale: int
+    blocks: tuple[GroundedBlock, ...]

@@ -45,7 +45,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
             draft = draft_page(make_draft_backend(defaults, pair.document.stem), document[pair.page_no - 1])
         outputs_so_far = earlier.setdefault(pair.document, [])
         dialect = settled(settings, outputs_so_far)
-        drafts = tuple(page_drafts(draft.blocks, dialect))  # as --stages page drafts
+        drafts = tuple(page_drafts(draft.blocks, dialect, page_size=draft.size_pt))  # as --stages page drafts
         blocks = tuple(
             BenchBlock(block.source, block.kind.value, block.confidence, tuple(block_drafts(block, dialect)), span)
             for block, region in draft_plan(draft.blocks, lambda block: True)

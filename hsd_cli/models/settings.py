@@ -33,6 +33,7 @@ CHOICES = {
     "math_delimiters": ("either", "paren", "dollar"),
     "headings": ("either", "markdown", "plain"),
     "front_matter": ("none", "olmocr"),
+    "grounding": ("none", "deepseek"),
 }
 # TOML value types for the field annotations below (strings: annotations are postponed).
 TOML_TYPES = {"str": str, "int": int, "tuple[str, ...]": list}
@@ -57,6 +58,9 @@ class ModelSettings:
     # olmocr: outputs open with olmOCR's YAML block (language, rotation, table, diagram); it is
     # drafted, and split off the page's Markdown into its JSON. none: no front matter.
     front_matter: str = "none"
+    # deepseek: outputs tag each block with its kind and boxes (stages/grounding.py); the tags are
+    # split off the page's Markdown into its JSON's `grounding`. none: no tags.
+    grounding: str = "none"
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hsd_cli.page import DocumentResult, Page
-from hsd_cli.records import Block
+from hsd_cli.records import Block, Grounding
 from hsd_cli.stats import counts_json, regions_json
 
 SCHEMA_NAME = "hsd.document"
@@ -56,6 +56,27 @@ def stats_json(page: Page) -> dict[str, Any] | None:
     return stats
 
 
+def grounding_json(grounding: Grounding, size_pt: tuple[float, float]) -> dict[str, Any]:
+    """The layout the model's grounding tags gave: each block's label, its boxes as the model
+    wrote them (0 to `scale` across the page's width and height, from its top-left corner) and
+    in the page's points, and its text."""
+    width, height = size_pt
+
+    def in_points(box: tuple[float, float, float, float]) -> list[float]:
+        x0, y0, x1, y1 = box
+        return [round(x0 / grounding.scale * width, 2), round(y0 / grounding.scale * height, 2),
+                round(x1 / grounding.scale * width, 2), round(y1 / grounding.scale * height, 2)]
+
+    blocks = [
+        {
+            "label": block.label, "boxes": [list(box) for box in block.boxes],
+            "boxes_pt": [in_points(box) for box in block.boxes], "text": block.text,
+        }
+        for block in grounding.blocks
+    ]
+    return {"scale": grounding.scale, "blocks": blocks}
+
+
 def page_json(page: Page, markdown: str, image_ref: Callable[[Block], str | None]) -> dict[str, Any]:
     width, height = page.size_pt
     record = {
@@ -72,6 +93,8 @@ def page_json(page: Page, markdown: str, image_ref: Callable[[Block], str | None
         # Counts only: wall-clock timings live in the run manifest, so identical runs give identical bytes.
         "stats": stats_json(page),
     }
+    if page.reading is not None and page.reading.grounding is not None:
+        record["grounding"] = grounding_json(page.reading.grounding, page.size_pt)
     if page.notice is not None:
         record["notice"] = page.notice  # why the page is not the model's full reading (also on stderr)
     return record

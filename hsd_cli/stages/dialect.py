@@ -25,6 +25,7 @@ from hsd_cli.models.settings import ModelSettings
 from hsd_cli.records import Block, BlockKind
 from hsd_cli.stages.draft.rtl import PERSIAN_LETTERS
 from hsd_cli.stages.draft.tables import html_table_cells, pipe_table, pipe_table_cells
+from hsd_cli.stages.grounding import draft_tag
 
 # Running headers and footers are left out of page outputs, so they are no drafts at all.
 NOT_DRAFT_KINDS = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}
@@ -161,13 +162,15 @@ def draft_plan(blocks: tuple[Block, ...], wants_region: Callable[[Block], bool])
 
 
 def page_drafts(
-    blocks: tuple[Block, ...], settings: ModelSettings, region_texts: Mapping[str, str] = MappingProxyType({})
+    blocks: tuple[Block, ...], settings: ModelSettings, region_texts: Mapping[str, str] = MappingProxyType({}),
+    page_size: tuple[float, float] | None = None,
 ) -> list[str]:
     """The page stage's drafts: the family's front matter, then per block in reading order its
     region output (`region_texts`, by block id) where a region pass gave one, else its pipeline
-    text in the family's dialect (alternatives included)."""
+    text in the family's dialect (alternatives included); each after the block's grounding tag
+    where the family tags its blocks (and `page_size`, the page's width and height in pt, places them)."""
     block_texts = [
-        text
+        draft_tag(block, page_size, settings.grounding) + text
         for block, _ in draft_plan(blocks, lambda block: False)
         for text in ([region_texts[block.id]] if block.id in region_texts else block_drafts(block, settings))
     ]

@@ -33,17 +33,17 @@ def packed_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     length."""
     target, match = model.target, model.settings.draft_match
     planned = planned_crops(model, page, regions, settings)[:PACKED_REGIONS]
-    page_row = DecodeRequest(
-        page.picture, model.settings.page_prompt, make_proposer(target, page_drafts(page.blocks, settings), match, growing=True)
-    )
+    drafts = page_drafts(page.blocks, settings, page_size=page.size_pt)
+    page_row = DecodeRequest(page.picture, model.settings.page_prompt, make_proposer(target, drafts, match, growing=True))
     region_rows = [
         DecodeRequest(crop, prompt, make_proposer(target, texts, match), feeds=0) for _, (crop, prompt, texts) in planned
     ]
     packed, *region_results = decode_batch(
         target, [page_row, *region_rows], model.decode_config, separate_prefill=True, sizer=model.sizer(page.picture)
     )
-    results = tuple(region_result(block, result) for (block, _), result in zip(planned, region_results, strict=True))
+    results = tuple(region_result(block, result, settings) for (block, _), result in zip(planned, region_results, strict=True))
     # A page read again because its front matter says it is rotated (rare) is read as the page
     # stage reads it, with the region outputs in place of their blocks' drafts.
-    drafts = page_drafts(page.blocks, settings, {region.block_id: region.text for region in results if region.text is not None})
+    texts = {region.block_id: region.text for region in results if region.text is not None}
+    drafts = page_drafts(page.blocks, settings, texts, page.size_pt)
     return replace(page_stage(model, page.picture, drafts, settings, upright=packed), regions=results)

@@ -16,6 +16,7 @@ from hsd_cli.decoding import DecodeResult, DecodeStats, decode, decode_result, r
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.page import Reading
 from hsd_cli.stages.dialect import DIALECT_KEYS, split_front_matter
+from hsd_cli.stages.grounding import split_grounding
 from hsd_cli.stats import BaselineCheck
 
 if TYPE_CHECKING:
@@ -85,7 +86,9 @@ def upright_read(
         correction = rotation_correction(front_matter)
         if not correction or reads > ROTATION_REREADS:
             dialect = {name: getattr(settings, name) for name in DIALECT_KEYS}
-            return Reading(result, front_matter, body, dialect, rotation, reads, earlier_forwards)
+            # The grounding tags go to the JSON too.
+            grounding, body = split_grounding(body, settings.grounding)
+            return Reading(result, front_matter, body, dialect, rotation, reads, earlier_forwards, grounding=grounding)
         earlier_forwards += result.stats.forwards
         rotation = (rotation + correction) % 360
         reads += 1

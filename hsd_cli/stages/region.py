@@ -16,6 +16,7 @@ from hsd_cli.models.settings import ModelSettings
 from hsd_cli.page import Page
 from hsd_cli.records import Block
 from hsd_cli.stages.dialect import block_drafts, draft_plan
+from hsd_cli.stages.grounding import split_grounding
 from hsd_cli.stages.rasterize import crop_block
 from hsd_cli.stats import RegionResult
 
@@ -38,10 +39,12 @@ def planned_crops(
     return planned
 
 
-def region_result(block: Block, result: DecodeResult) -> RegionResult:
-    # A looping or empty region output is no draft: the block's pipeline drafts stand in.
-    usable = result.stop_reason != "repetition" and result.text.strip()
-    return RegionResult(block.id, result.text if usable else None, result.stop_reason, result.stats)
+def region_result(block: Block, result: DecodeResult, settings: ModelSettings) -> RegionResult:
+    # A looping or empty region output is no draft: the block's pipeline drafts stand in. Its
+    # grounding tags place it in the crop, not the page: the page's drafts get its text alone.
+    text = split_grounding(result.text, settings.grounding)[1]
+    usable = result.stop_reason != "repetition" and text.strip()
+    return RegionResult(block.id, text if usable else None, result.stop_reason, result.stats)
 
 
 def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings: ModelSettings) -> tuple[RegionResult, ...]:
@@ -54,4 +57,4 @@ def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings
         model.target, [item for _, item in planned], model.decode_config,
         match=model.settings.draft_match, batch_size=REGION_BATCH, sizer=model.sizer(largest),
     )
-    return tuple(region_result(block, result) for (block, _), result in zip(planned, results, strict=True))
+    return tuple(region_result(block, result, settings) for (block, _), result in zip(planned, results, strict=True))

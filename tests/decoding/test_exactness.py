@@ -189,6 +189,18 @@ def test_batched_text_only_prompts_and_cache_compaction(tiny_target):
     assert [r.tokens for r in results] == references
 
 
+def test_the_text_leaves_out_special_tokens_but_the_familys_markup(tiny_target):
+    """An output's text drops stop and control tokens; markup the family writes with special
+    tokens of its vocabulary (DeepSeek-OCR's grounding tags, its table cells) stays in it."""
+    tokenizer = tiny_target.tokenizer
+    markup = "".join(t for t in tiny_target.adapter.text_special_tokens if t in tokenizer.get_vocab())
+    text = f"{markup}Some words."
+    control = [token for token in tokenizer.all_special_ids if tokenizer.convert_ids_to_tokens(token) not in markup]
+    assert tiny_target.decode(control + tiny_target.encode(text) + tiny_target.stop_token_ids) == text
+    if tiny_target.model_type == "deepseek_ocr2":
+        assert markup == "<|ref|><|/ref|><|det|><|/det|><td></td>"
+
+
 # -- logits -------------------------------------------------------------------------------------
 
 BRANCHING = TokenTree((0, 101, 102, 103, 104, 105, 106), (-1, 0, 0, 1, 1, 2, 5))
@@ -266,7 +278,7 @@ def test_wrong_positions_or_mask_are_detected(tiny_target, page_image, expected_
 
 
 def test_rope_delta_is_not_zero_so_the_control_means_something(tiny_target, page_image):
-    if tiny_target.model_type in ("hunyuan_vl", "idefics3", "lighton_ocr", "qianfan_ocr", "got_ocr2", "kosmos-2.5"):
+    if tiny_target.model_type in ("hunyuan_vl", "idefics3", "lighton_ocr", "qianfan_ocr", "got_ocr2", "kosmos-2.5", "deepseek_ocr2"):
         pytest.skip("text tokens keep their sequence positions in this family: the delta is 0 by design")
     state, _ = tiny_target.prefill(tiny_target.inputs([page_image], [PROMPT]))
     assert state.rope_delta.abs().sum() > 0

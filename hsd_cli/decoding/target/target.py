@@ -32,6 +32,7 @@ class HFTarget:
         check_cache_layout(model.config)
         self.stop_token_ids = adapter.stop_token_ids(model, self.tokenizer)
         self.vision_token_ids = adapter.vision_token_ids(model.config)
+        self.hidden_token_ids = self._hidden_special_ids(adapter.text_special_tokens)
 
     # -- text --------------------------------------------------------------------------------
 
@@ -48,7 +49,19 @@ class HFTarget:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self.hidden_token_ids is not None:
+            return self.tokenizer.decode([t for t in tokens if t not in self.hidden_token_ids], skip_special_tokens=False)
         return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
+
+    def _hidden_special_ids(self, markup: Sequence[str]) -> set[int] | None:
+        """The special tokens that decoding leaves out where the family writes some as text
+        (`markup`): every other one; None where it writes none (the tokenizer skips them all)."""
+        vocabulary = self.tokenizer.get_vocab()
+        kept = {vocabulary[token] for token in markup if token in vocabulary}
+        if not kept:
+            return None
+        special = {i for i, token in self.tokenizer.added_tokens_decoder.items() if token.special}
+        return (special | set(self.tokenizer.all_special_ids)) - kept
 
     def inputs(self, images: Sequence[Image.Image | None], prompts: Sequence[str]) -> dict:
         """Processor inputs for a batch (left padding so every row's next token is at the end)."""

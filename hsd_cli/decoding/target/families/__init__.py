@@ -6,6 +6,7 @@ or refuses a family the loop cannot decode losslessly (`REFUSED`) with the reaso
 from __future__ import annotations
 
 from .base import FamilyAdapter
+from .deepseek_ocr2 import DeepseekOcr2Adapter
 from .kosmos2_5 import Kosmos25Adapter
 from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter
 from .one_d import GotOcr2Adapter, Idefics3Adapter, LightOnOcrAdapter, QianfanOcrAdapter, got_ocr2_image_tokens
@@ -17,7 +18,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     for a in (
         Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
         Idefics3Adapter(), LightOnOcrAdapter(), QianfanOcrAdapter(), GotOcr2Adapter(),
-        Kosmos25Adapter(),
+        Kosmos25Adapter(), DeepseekOcr2Adapter(),
     )
     for t in a.model_types
 }

@@ -49,6 +49,9 @@ class FamilyAdapter:
     """What differs per model family. Subclasses are small; see `QwenVLAdapter`."""
 
     model_types: tuple[str, ...] = ()
+    # Special tokens that are part of the model's text (markup it writes): kept where decoding
+    # skips special tokens.
+    text_special_tokens: tuple[str, ...] = ()
 
     def load_processor(self, path: str, trust_remote_code: bool):
         from transformers import AutoProcessor
