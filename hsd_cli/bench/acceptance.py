@@ -66,7 +66,7 @@ def projected_throughput(
 ) -> dict[str, Any]:
     """Per page kind and over all pages (the kinds one after the other): each throughput arm's
     projected pages per second on the profile's device, with the published outputs as the model's."""
-    from hsd_cli.bench.corpus_projection import projected_arms, projected_json
+    from hsd_cli.bench.corpus_projection import projected_arms, projected_json, summed
     from hsd_cli.profiles import load_profile
 
     try:
@@ -74,14 +74,13 @@ def projected_throughput(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise typer.BadParameter(f"cannot read cost profile {profile_name!r}: {exc}", param_hint="--profile") from None
     outputs = {page.id: tokenizer.encode(page.output, add_special_tokens=False) + [stop_token_id] for page in pages}
-    by_kind = {}
-    for kind in sorted({page.kind for page in pages}):
-        of_kind = [page for page in pages if page.kind == kind]
-        by_kind[kind.replace("-", "_")] = (len(of_kind), projected_arms(
-            of_kind, outputs, tokenizer, [stop_token_id], profile, match, config, rows, graph_saving_s))
-    every = {arm: {r: sum(seconds[arm][r] for _, seconds in by_kind.values()) for r in by} for arm, by in next(iter(by_kind.values()))[1].items()}
-    kinds = {kind: projected_json(seconds, count) for kind, (count, seconds) in by_kind.items()}
-    kinds["all"] = projected_json(every, len(pages))
+    by_kind = {
+        kind.replace("-", "_"): projected_arms([page for page in pages if page.kind == kind], outputs, tokenizer,
+                                               [stop_token_id], profile, match, config, rows, graph_saving_s)
+        for kind in sorted({page.kind for page in pages})
+    }
+    kinds = {kind: projected_json(runs) for kind, runs in by_kind.items()}
+    kinds["all"] = projected_json(summed(list(by_kind.values())))
     return {"profile": profile.name, "profile_kind": profile.kind,
             "plain_graph_saving_s": graph_saving_s if profile.kind == "analytic" else 0.0, "kinds": kinds}
 

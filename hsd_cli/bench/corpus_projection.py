@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from hsd_cli.profiles import Profile
 
 ARMS = ("generate", "plain-cb", "hsd-1", "hsd-cb")
+# A batched arm streams the pages, cycled, until this many times its rows have been read: a
+# saturated engine's rate, not a small corpus's tail of ever fewer rows.
+FILL = 3
 
 
 class CorpusPage(Protocol):
@@ -78,9 +81,10 @@ class PricedOracle(OracleTarget):
 def projected_seconds(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: str, forward_saving_s: float,
-) -> float:
-    """Seconds on `profile` to read `pages` at `rows` (drafted or plainly); `sized`: "page" (a sizer
-    per page read, as hsd convert), "corpus" (one for the stream) or "none" (whole trees)."""
+) -> tuple[int, float]:
+    """(pages read, seconds on `profile`) reading `pages` at `rows` (drafted or plainly), cycled to
+    FILL times the rows where they are fewer; `sized`: "page" (a sizer per page read, as hsd
+    convert), "corpus" (one for the stream) or "none" (whole trees)."""
     sides = {page.id: page.side for page in pages}
     prompt_tokens = {page_id: profile.prefill_tokens(side) for page_id, side in sides.items()}
     oracle = PricedOracle(tokenizer, outputs, stop_token_ids, profile, prompt_tokens, sides, forward_saving_s)
@@ -94,22 +98,23 @@ def projected_seconds(
             sizer = LoadSizer(profile.forward_s, prompt_tokens=prompt_tokens[page.id])
             for _ in decode_stream(oracle, [request(page)], config, max_rows=1, sizer=sizer):
                 pass
-        return oracle.seconds
+        return len(pages), oracle.seconds
     sizer = LoadSizer(profile.forward_s, prompt_tokens=round(sum(prompt_tokens.values()) / len(pages))) if sized == "corpus" else None
-    for _ in decode_stream(oracle, [request(page) for page in pages], config, max_rows=rows, sizer=sizer):
+    stream = [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
+    for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizer=sizer):
         pass
-    return oracle.seconds
+    return len(stream), oracle.seconds
 
 
 def projected_arms(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, rows: Sequence[int], graph_saving_s: float,
 ) -> dict[str, dict[int, float]]:
-    """arm -> rows -> projected seconds for `pages` (one kind). The plain engine gets
+    """arm -> rows -> (pages read, projected seconds) for `pages` (one kind). The plain engine gets
     `graph_saving_s` per forward on an analytic profile only (a measured one has its own launches)."""
     saving = graph_saving_s if profile.kind == "analytic" else 0.0
 
-    def seconds(r: int, drafted: bool, sized: str, forward_saving_s: float = 0.0) -> float:
+    def seconds(r: int, drafted: bool, sized: str, forward_saving_s: float = 0.0) -> tuple[int, float]:
         return projected_seconds(pages, outputs, tokenizer, stop_token_ids, profile, match, config,
                                  rows=r, drafted=drafted, sized=sized, forward_saving_s=forward_saving_s)
 
@@ -121,11 +126,19 @@ def projected_arms(
     }
 
 
-def projected_json(seconds: dict[str, dict[int, float]], pages: int) -> dict[str, Any]:
+def summed(runs: Sequence[dict[str, dict[int, tuple[int, float]]]]) -> dict[str, dict[int, tuple[int, float]]]:
+    """The runs of several kinds one after the other: pages and seconds added."""
+    return {
+        arm: {r: (sum(run[arm][r][0] for run in runs), sum(run[arm][r][1] for run in runs)) for r in by}
+        for arm, by in runs[0].items()
+    }
+
+
+def projected_json(runs: dict[str, dict[int, tuple[int, float]]]) -> dict[str, Any]:
     """Pages per second per arm at its best rows, and per row count."""
     arms, by_rows = {}, {}
-    for arm, by_count in seconds.items():
-        rates = {r: pages / s if s else 0.0 for r, s in by_count.items()}
+    for arm, by_count in runs.items():
+        rates = {r: pages / s if s else 0.0 for r, (pages, s) in by_count.items()}
         best = max(rates, key=rates.__getitem__)
         arms[arm] = {"best_rows": best, "pages_per_s": round(rates[best], 3)}
         for r, rate in rates.items():

@@ -201,11 +201,11 @@ def row_counts(text: str, option: str) -> tuple[int, ...]:
 
 def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int], projected_rows: Sequence[int],
                   graph_saving_s: float, progress: Any) -> dict[str, Any]:
-    from hsd_cli.bench.corpus_projection import projected_arms, projected_json
+    from hsd_cli.bench.corpus_projection import projected_arms, projected_json, summed
 
     kinds = [kind for kind in KINDS if any(page.kind == kind for page in pages)]
     measured: dict[str, dict[str, dict[int, ArmRun]]] = {}
-    projected: dict[str, dict[str, dict[int, float]]] = {}
+    projected: dict[str, dict[str, dict[int, tuple[int, float]]]] = {}
     model.target.generate_plainly(pages[0].picture, model.settings.page_prompt, 1)  # lazy initialisation, untimed
     for kind in kinds:
         of_kind = [page for page in pages if page.kind == kind]
@@ -220,12 +220,12 @@ def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[i
     # The whole corpus: the kinds one after the other.
     measured["all"] = {arm: {r: sum((measured[k][arm][r] for k in kinds), ArmRun()) for r in by} for arm, by in measured[kinds[0]].items()}
     if projected:
-        projected["all"] = {arm: {r: sum(projected[k][arm][r] for k in kinds) for r in by} for arm, by in projected[kinds[0]].items()}
+        projected["all"] = summed([projected[k] for k in kinds])
     report: dict[str, Any] = {"kinds": {}}
     for kind in [*kinds, "all"]:
         entry = summarised(measured[kind], measured[kind]["generate"][1])
         if kind in projected:
-            projection = projected_json(projected[kind], sum(page.kind == kind or kind == "all" for page in pages))
+            projection = projected_json(projected[kind])
             for arm, figures in projection["arms"].items():
                 entry["arms"][arm]["projected"] = figures
             entry["projected_by_rows"] = projection["by_rows"]
