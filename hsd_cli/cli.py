@@ -20,7 +20,7 @@ from rich.table import Table
 from hsd_cli import __version__
 from hsd_cli.bench import bench_app
 from hsd_cli.eval import eval_app
-from hsd_cli.profiles import profile as profile_command
+from hsd_cli.profiles.command import profile as profile_command
 from hsd_cli.replay import replay_app
 from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Stages, UsageError
 from hsd_cli.settings import describe_sources, load_config_callback

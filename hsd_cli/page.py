@@ -15,7 +15,7 @@ from hsd_cli.records import Block, Grounding, PageFlag
 from hsd_cli.stats import BaselineCheck, DecodingTotals, RegionResult
 
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
-    from hsd_cli.decoding import DecodeResult
+    from hsd_cli.decoding import DecodeResult, DecodeStats
 
 
 class Way(StrEnum):
@@ -64,14 +64,21 @@ class Reading:
     text: str  # the output without its front matter and grounding tags
     dialect: dict[str, Any]  # the dialect the drafts were written in
     rotation: int = 0  # degrees the page was turned (PIL's counter-clockwise transposes, as olmOCR)
-    reads: int = 1
-    earlier_forwards: int = 0  # forwards of the reads the front matter sent back
+    earlier: tuple[DecodeStats, ...] = ()  # the reads the front matter sent back, in order
     regions: tuple[RegionResult, ...] = ()
     region_s: float = 0.0  # 0 where no region pass ran (packed: its passes are in page_s)
     page_s: float = 0.0
     baseline: BaselineCheck | None = None  # --baseline only
     baseline_page_s: float | None = None
     grounding: Grounding | None = None  # the layout the output's grounding tags gave, where it has them
+
+    @property
+    def reads(self) -> int:
+        return len(self.earlier) + 1
+
+    @property
+    def earlier_forwards(self) -> int:
+        return sum(stats.forwards for stats in self.earlier)
 
     @property
     def forwards(self) -> int:

@@ -31,7 +31,7 @@ from hsd_cli.records import Block, BlockKind, DocStatus, PageFlag
 from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, exception_line, make_draft_backend
 from hsd_cli.stages.outcome import LOST_PAGE_WHY, draft_standing_in, failed_page, model_reading
-from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, plan_page
+from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, picture_side, plan_page
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
 from hsd_cli.stats import DecodingTotals
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
@@ -107,7 +107,7 @@ def plan_stage(page: Page, model: VlmModel, stages: Stages, so_far: DocumentSoFa
     kind = page_kind(page.backend)
     return plan_page(
         model.profile, kind, block_outlooks(page, lambda text: len(model.target.encode(text)), model.settings.region_padding_px),
-        max(page.picture.size), region_batch=REGION_BATCH, packed_regions=PACKED_REGIONS,
+        picture_side(page), region_batch=REGION_BATCH, packed_regions=PACKED_REGIONS,
         earlier_tau=[tau for seen, tau in so_far.tau if seen == kind], time_limit_s=time_limit_s,
     )
 
@@ -187,7 +187,9 @@ def _load_checkpoint(path: Path) -> Page | None:
         return None
     if not isinstance(page, Page) or any(not hasattr(page, f.name) for f in fields(Page)):
         return None
-    return page if isinstance(page.reading, (Reading, type(None))) else None
+    # A reading's field with a default reads as its default where an earlier hsd wrote none: look in its own slots.
+    reading = page.reading
+    return page if reading is None or isinstance(reading, Reading) and all(f.name in vars(reading) for f in fields(Reading)) else None
 
 
 @dataclass(frozen=True)

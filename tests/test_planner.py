@@ -3,16 +3,18 @@ plain decoding, the page stage or packed decoding, whichever it predicts fastest
 lossless and recorded in the page's JSON."""
 
 import json
+from dataclasses import replace
 
 import pytest
+from PIL import Image
 
 from hsd_cli.config import Stages
-from hsd_cli.page import Plan, Way
-from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
+from hsd_cli.page import Page, Plan, Way
+from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile, square_side
 from hsd_cli.records import Block, BlockKind
 from hsd_cli.stages.packed import PACKED_REGIONS
 from hsd_cli.stages.planner import (
-    PREDICTION_SLACK, REGION_TAU, TAU_PRIOR, BlockOutlook, expected_tau, fixed_plan, plan_page,
+    PREDICTION_SLACK, REGION_TAU, TAU_PRIOR, BlockOutlook, block_outlooks, expected_tau, fixed_plan, picture_side, plan_page,
 )
 from hsd_cli.stages.region import REGION_BATCH
 
@@ -112,6 +114,21 @@ def test_the_acceptance_estimate_starts_at_the_prior_and_follows_the_document():
     assert planned(CPU_LIKE, outlook(earlier_tau=(9.0,))).tau > TAU_PRIOR["born_digital"]
 
 
+def test_every_step_the_planner_prices_carries_the_profiles_host_work():
+    page = outlook(kind="scan", crops=0, earlier_tau=(1.1, 1.2, 1.0))  # 800 tokens, read plainly
+    bare, hosted = planned(CPU_LIKE, page), planned(replace(CPU_LIKE, host=HostCost(per_step=0.01)), page)
+    assert hosted.predicted_s["plain"] - bare.predicted_s["plain"] == pytest.approx(800 * 0.01), "a step per token"
+    assert hosted.predicted_s["page"] - bare.predicted_s["page"] < 800 * 0.01, "fewer steps where drafts are verified"
+
+
+def test_pictures_and_crops_are_priced_by_their_area():
+    """A line's crop is wide and low: priced by its longer side it would cost a page's prefill."""
+    line = Block(id="line", kind=BlockKind.TEXT, bbox=(50, 100, 550, 120), order=1, text="x", confidence=1.0, source="ocr")
+    page = Page(page_no=1, size_pt=(600, 800), picture=Image.new("RGB", (600, 800)), scale=1.0, blocks=(line,))
+    assert [b.crop_side for b in block_outlooks(page, lambda text: 1, region_padding_px=4)] == [square_side(508, 28)] == [119]
+    assert picture_side(page) == square_side(600, 800) == 693
+
+
 def test_stages_fix_the_plan_without_a_profile_and_auto_reads_only_uncertain_blocks_first():
     def draft_block(n, kind=BlockKind.TEXT, source="pdf-text"):
         return Block(id=f"p1-b{n}", kind=kind, bbox=(0, 0, 9, 9), order=n, text="x", confidence=1.0, source=source)
@@ -125,9 +142,12 @@ def test_stages_fix_the_plan_without_a_profile_and_auto_reads_only_uncertain_blo
 
 
 NODES_DEAR = profile(lambda rows, nodes, context: 0.03 * rows * nodes)  # a forward costs each of its nodes
+# Memory-bound, a crop's prefill two forwards: on the fixture's page only its longest blocks are worth
+# a region pass, and reading them first would hold the page up.
+CROPS_DEAR = profile(lambda rows, nodes, context: 0.01 * (1 + rows * nodes / 2048), prefill=(0.02, 0.05))
 
 
-@pytest.mark.parametrize(("cost", "chosen"), [(CPU_LIKE, "page"), (GPU_LIKE, "packed"), (NODES_DEAR, "plain"), (CONTEXT_DEAR, "region-page")])
+@pytest.mark.parametrize(("cost", "chosen"), [(CPU_LIKE, "page"), (CROPS_DEAR, "packed"), (NODES_DEAR, "plain"), (CONTEXT_DEAR, "region-page")])
 def test_convert_auto_plans_each_page_and_stays_lossless(cost, chosen, tmp_path, docs_dir):
     from hsd_cli.models.tiny_families import build_tiny_random
     from tests.conftest import run_hsd

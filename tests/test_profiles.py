@@ -1,14 +1,21 @@
-"""`hsd profile`: measured cost grids stored and read back, analytic profiles from a model's
-shapes (checked against the parameter counts transformers builds), and clear usage errors."""
+"""Cost profiles: one pricing of a decoding step (forward plus host work) and a prefill, past the
+grid too, for profiles stored with older grids as well; `hsd profile`: measured cost grids stored
+and read back, analytic profiles from a model's shapes (checked against the parameter counts
+transformers builds), and clear usage errors."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
+from hsd_cli.decoding.sizing import LoadSizer
+from hsd_cli.decoding.tree import TokenTree
 from hsd_cli.models.tiny import architecture_config
 from hsd_cli.models.tiny_families import build_tiny_random
-from hsd_cli.profiles import DEVICES, ModelShape, analytic_forward_s, analytic_profile, load_profile
+from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile, load_profile, square_side
+from hsd_cli.profiles.analytic import DEVICES, ModelShape, analytic_forward_s, analytic_prefill_s, analytic_profile
+from hsd_cli.profiles.measured import fit_host
 from tests.conftest import run_hsd
 
 
@@ -36,14 +43,15 @@ def test_on_a_gpu_a_7b_forward_verifies_64_nodes_for_about_the_cost_of_one():
     assert analytic_forward_s(shape, h100, rows=1, nodes=1, context=32768) > one, "a long cache costs reads"
     profile = analytic_profile("h100-bf16", "qwen2_5_vl_7b", architecture_config("qwen2_5_vl_7b"))
     assert profile.forward_s(1, 64, 2048) == pytest.approx(analytic_forward_s(shape, h100, 1, 64, 2048))
-    between = profile.forward_s(8, 40, 2048)  # interpolated between the grid's 16 and 64 nodes
-    assert profile.forward_s(8, 16, 2048) < between < profile.forward_s(8, 64, 2048)
+    between = profile.forward_s(8, 40, 2048)  # interpolated between the grid's 32 and 64 nodes
+    assert profile.forward_s(8, 32, 2048) < between < profile.forward_s(8, 64, 2048)
 
 
 def test_a_measured_profile_is_stored_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = build_tiny_random("qwen2_5_vl", tmp_path / "tiny")
-    grid = ["--rows", "1,2", "--nodes", "1,8", "--contexts", "64,128", "--image-sides", "56,112", "--repeats", "1"]
+    grid = ["--rows", "1,2,4", "--nodes", "1,8", "--max-tokens", "16", "--contexts", "64,128", "--image-sides", "56,112",
+            "--host-rows", "1,2", "--repeats", "1"]
     result = run_hsd("profile", "--model", model, "--dtype", "float32", *grid, "--json")
     assert result.exit_code == 0, result.stderr
     printed = json.loads(result.stdout)
@@ -51,14 +59,139 @@ def test_a_measured_profile_is_stored_and_read_back(tmp_path, monkeypatch):
     assert [path.stem for path in stored] == [printed["name"]] and printed["kind"] == "measured"
     profile = load_profile(printed["name"])
     assert json.loads(json.dumps(profile.to_json())) == printed
-    assert sorted({(f.rows, f.nodes) for f in profile.forwards}) == [(1, 1), (1, 8), (2, 1), (2, 8)]
+    assert sorted({(f.rows, f.nodes) for f in profile.forwards}) == [(1, 1), (1, 8), (2, 1), (2, 8), (4, 1)], "up to 16 tokens"
     contexts = sorted({f.context for f in profile.forwards})
     assert len(contexts) == 2 and 48 <= contexts[0] < contexts[1], "prompts of about the asked length"
     assert all(f.seconds > 0 for f in profile.forwards)
     assert [p.image_side for p in profile.prefills] == [56, 112] and profile.prefills[0].tokens < profile.prefills[1].tokens
+    host = profile.host
+    assert min(host.per_step, host.per_row, host.per_node) >= 0 and host.seconds(1, 1) > 0, "the loop's host work, measured"
 
 
 def test_profile_usage_errors(tmp_path):
     assert run_hsd("profile").exit_code == 2, "a model or an architecture is needed"
     unknown = run_hsd("profile", "--random-weights", "qwen2_5_vl_7b", "--analytic", "tpu-v9")
     assert unknown.exit_code == 2 and "unknown device 'tpu-v9'" in unknown.stderr
+    # Checked before any model loads.
+    not_numbers = run_hsd("profile", "--model", str(tmp_path / "absent"), "--rows", "1,four")
+    assert not_numbers.exit_code == 2 and "comma-separated whole numbers, not '1,four'" in not_numbers.stderr
+    one_host_row = run_hsd("profile", "--model", str(tmp_path / "absent"), "--host-rows", "8")
+    assert one_host_row.exit_code == 2 and "at least 2 distinct values or none, not '8'" in one_host_row.stderr
+    nothing_fits = run_hsd("profile", "--model", str(tmp_path / "absent"), "--rows", "2,4", "--nodes", "2", "--max-tokens", "3")
+    assert nothing_fits.exit_code == 2 and "3 is below the smallest rows x nodes, 4" in nothing_fits.stderr
+
+
+NO_HOST = HostCost()
+
+
+def hand_made(seconds, rows=(1, 4, 8), nodes=(1, 16, 64), contexts=(512, 2048), host=NO_HOST) -> Profile:
+    """A profile whose forward costs `seconds(rows, nodes, context)` on the grid; prefills of 448 and
+    1344 pixels a side cost 0.1 and 0.5 s (300 and 2,300 tokens)."""
+    forwards = tuple(ForwardCost(r, n, c, seconds(r, n, c)) for c in contexts for r in rows for n in nodes)
+    prefills = (PrefillCost(448, 300, 0.1), PrefillCost(1344, 2300, 0.5))
+    return Profile("hand-made", "test", "cpu", "float32", "measured", forwards, prefills, host)
+
+
+def test_past_the_grid_a_price_goes_on_along_the_last_segment_and_never_falls():
+    def linear(rows, nodes, context):
+        return 0.01 + 0.001 * rows * nodes + 1e-6 * rows * context
+
+    profile = hand_made(linear)
+    for shape in ((1, 16, 512), (6, 40, 1000), (64, 64, 2048), (256, 2, 2048), (8, 64, 8192)):
+        assert profile.forward_s(*shape) == pytest.approx(linear(*shape)), "bilinear within one cell, linear past the grid"
+    # Measured noise can make the last segment fall: past the grid the price stays at its last point.
+    dipping = hand_made(lambda rows, nodes, context: 0.05 if (rows, nodes) == (8, 64) else 0.02 + 0.001 * rows * nodes)
+    assert dipping.forward_s(64, 64, 2048) == pytest.approx(dipping.forward_s(8, 64, 2048))
+    assert dipping.forward_s(8, 200, 2048) == pytest.approx(0.05)
+    assert profile.forward_s(1, 1, 100) == profile.forward_s(1, 1, 512), "before the grid: its first point"
+
+
+def test_a_grid_without_its_largest_shapes_prices_them_along_its_edges():
+    """A measured grid may stop short of many rows x many nodes (`--max-tokens`)."""
+    def linear(rows, nodes, context):
+        return 0.01 + 0.001 * rows * nodes
+
+    full = hand_made(linear, rows=(1, 8, 64), nodes=(1, 8, 64))
+    staircase = replace(full, forwards=tuple(f for f in full.forwards if f.rows * f.nodes <= 512))
+    assert len(staircase.forwards) < len(full.forwards)
+    assert staircase.forward_s(64, 8, 2048) == pytest.approx(full.forward_s(64, 8, 2048)), "measured"
+    # 64 rows of 64 nodes: along the 64-row curve's last segment (1 -> 8 nodes).
+    assert staircase.forward_s(64, 64, 2048) == pytest.approx(linear(64, 64, 2048))
+
+
+def test_a_profile_stored_with_the_old_grid_loads_and_prices(tmp_path):
+    """Profiles stored before host work was measured and before the grids grew: rows 1, 4, 8;
+    nodes 1, 16, 64; pictures up to 1,344 px."""
+    old = {
+        "name": "old", "model": "m", "device": "cpu", "dtype": "float32", "kind": "measured",
+        "forwards": [{"rows": r, "nodes": n, "context": c, "seconds": 0.02 * r * (1 + n / 16) * (1 + c / 4096)}
+                     for c in (520, 2056) for r in (1, 4, 8) for n in (1, 16, 64)],
+        "prefills": [{"image_side": side, "tokens": tokens, "seconds": seconds}
+                     for side, tokens, seconds in ((448, 277, 0.5), (896, 1045, 2.0), (1344, 2344, 4.5))],
+    }
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    profile = load_profile(str(tmp_path / "old.json"))
+    assert profile.host == HostCost() and profile.step_s(8, 16, 2056) == profile.forward_s(8, 16, 2056) == pytest.approx(0.02 * 8 * 2 * (1 + 2056 / 4096))
+    assert profile.forward_s(256, 41, 2056) > 8 * profile.forward_s(8, 41, 2056), "many rows: linear past 8, not flat"
+    assert profile.forward_s(8, 16, 5000) > profile.forward_s(8, 16, 2056), "a long page context costs more"
+    letter = square_side(1275, 1650)  # a Letter page at 150 dpi
+    assert profile.prefill_s(letter) > profile.prefill_s(1344) and profile.prefill_tokens(letter) > 2344
+    assert load_profile(str(tmp_path / "old.json")).to_json()["host"] == {"per_step": 0.0, "per_row": 0.0, "per_node": 0.0}
+
+
+def test_a_prefill_is_priced_by_its_pictures_area():
+    profile = hand_made(lambda rows, nodes, context: 0.01)
+    assert square_side(1200, 60) == 268, "a line's crop: the area of a 268-pixel square, not a 1,200-pixel one"
+    assert profile.prefill_s(square_side(896, 896)) == pytest.approx(0.1 + 0.4 * (896**2 - 448**2) / (1344**2 - 448**2))
+    assert profile.prefill_s(100) == 0.1, "before the grid: its first point"
+    assert profile.prefill_s(1792) == pytest.approx(0.1 + 0.4 * (1792**2 - 448**2) / (1344**2 - 448**2)), "linear in area past it"
+    assert profile.prefill_tokens(1344) == 2300
+
+
+def test_a_step_is_its_forward_and_the_host_work_around_it():
+    host = HostCost(per_step=0.002, per_row=0.0003, per_node=0.00001)
+    profile = hand_made(lambda rows, nodes, context: 0.01 * rows, host=host)
+    assert host.seconds(64, 4) == pytest.approx(0.002 + 64 * (0.0003 + 4 * 0.00001))
+    assert profile.step_s(64, 4, 2048) == pytest.approx(profile.forward_s(64, 4, 2048) + host.seconds(64, 4))
+    stored = Profile.from_json(json.loads(json.dumps(profile.to_json())))
+    assert stored == profile and stored.step_s(3, 5, 700) == profile.step_s(3, 5, 700)
+
+
+def test_the_host_work_is_fitted_per_step_row_and_node_and_never_below_zero():
+    truth = HostCost(per_step=0.001, per_row=0.0002, per_node=0.00001)
+    runs = [(rows, nodes, truth.seconds(rows, nodes)) for rows in (1, 8, 64) for nodes in (1.0, 17.0)]
+    fitted = fit_host(runs)
+    assert (fitted.per_step, fitted.per_row, fitted.per_node) == pytest.approx((0.001, 0.0002, 0.00001))
+    # A step costing less per row on more rows (noise) fits no gain per row.
+    noisy = fit_host([(1, 1.0, 0.003), (8, 1.0, 0.0025), (1, 17.0, 0.004), (8, 17.0, 0.0035)])
+    assert noisy.per_row == 0.0 and noisy.per_step > 0 and noisy.per_node >= 0
+
+
+def test_the_load_sizer_prices_a_step_with_the_profile_host_work_included():
+    """Host work costs the same at any width, so where it weighs, a wider tree pays sooner."""
+    def per_node(rows, nodes, context):
+        return 0.001 * rows * nodes  # compute-bound: a draft node costs what a plain row costs
+
+    tree = TokenTree.chain(5, [6, 7, 8, 9], evidence=4)
+
+    def width(profile: Profile) -> int:
+        sizer = LoadSizer(profile.step_s)
+        for _ in range(20):  # three of its four draft tokens are accepted every time
+            sizer.observe("drafts", tree, [0, 1, 2, 3])
+        return sizer.width(["drafts"], [tree], [10])
+
+    assert width(hand_made(per_node)) == 1
+    assert width(hand_made(per_node, host=HostCost(per_step=0.01))) == 4
+
+
+def test_analytic_profiles_price_continuous_batching_and_pages_past_1344_pixels():
+    config = architecture_config("qwen2_5_vl_7b")
+    shape, h100 = ModelShape.of(config), DEVICES["h100-bf16"]
+    profile = analytic_profile("h100-bf16", "qwen2_5_vl_7b", config)
+    assert {f.rows for f in profile.forwards} >= {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}
+    assert {f.nodes for f in profile.forwards} == {1, 2, 4, 8, 16, 32, 64}
+    assert profile.forward_s(256, 2, 2048) == pytest.approx(analytic_forward_s(shape, h100, 256, 2, 2048))
+    assert profile.host.per_step > 0 and profile.step_s(256, 2, 2048) > profile.forward_s(256, 2, 2048)
+    assert max(p.image_side for p in profile.prefills) >= 2048, "hsd convert renders pages up to 2,048^2 pixels"
+    # The encoder's full-attention layers grow with the square of the patches: past 4x for twice the side.
+    assert analytic_prefill_s(shape, h100, 2240)[1] > 4 * analytic_prefill_s(shape, h100, 1120)[1]

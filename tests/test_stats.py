@@ -58,5 +58,9 @@ def test_a_checkpoint_an_earlier_hsd_wrote_is_redone(tmp_path):
     earlier = replace(current, reading={"page": {"forwards": 1}})  # an earlier hsd's record of the reading
     for name, page in (("current", current), ("earlier", earlier)):
         (tmp_path / name).write_bytes(pickle.dumps(page))
+    before_rereads = _reading(1, 1, 0.0, 1.0, None)
+    object.__delattr__(before_rereads, "earlier")  # a Reading of an hsd that counted rotation re-reads only
+    (tmp_path / "before-rereads").write_bytes(pickle.dumps(replace(current, reading=before_rereads)))
     assert _load_checkpoint(tmp_path / "current") == current
     assert _load_checkpoint(tmp_path / "earlier") is None
+    assert _load_checkpoint(tmp_path / "before-rereads") is None, "its re-reads' steps are unknown"

@@ -27,6 +27,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
     from hsd_cli.bench.oracle import BenchBlock, BenchPage
     from hsd_cli.config import ConvertConfig
     from hsd_cli.inputs import sniff_kind
+    from hsd_cli.profiles import square_side
     from hsd_cli.replay.dataset import pair_pages, region_target
     from hsd_cli.stages.draft import draft_page, make_draft_backend
     from hsd_cli.stages.dialect import block_drafts, draft_plan, page_drafts, settled
@@ -54,7 +55,8 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
         if output:
             outputs_so_far.append(output)
         page_id = f"{pair.document.relative_to(inputs)}:{pair.page_no}"
-        side = round(max(draft.size_pt) * render_scale(draft.size_pt, defaults.dpi, defaults.max_pixels))
+        scale = render_scale(draft.size_pt, defaults.dpi, defaults.max_pixels)
+        side = square_side(*(round(points * scale) for points in draft.size_pt))
         pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts, blocks, side))
         log(f"{page_id}: {draft.backend} draft, {len(drafts)} blocks, {len(output)} output chars")
     return pages

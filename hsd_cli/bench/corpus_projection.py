@@ -29,7 +29,7 @@ FILL = 3
 
 class CorpusPage(Protocol):
     id: str
-    side: int  # the page picture's longer side, in pixels: what its prefill costs
+    side: int  # the page picture's `square_side`, in pixels: what its prefill costs
     drafts: tuple[str, ...]
 
 
@@ -44,8 +44,10 @@ def _priced(state: OracleState, prompt_tokens: list[int]) -> PricedState:
 
 
 class PricedOracle(OracleTarget):
-    """An oracle target that adds what each of its prefills and forwards costs on `profile`;
-    `forward_saving_s` less per forward (a CUDA-graph engine's launches against eager ones)."""
+    """An oracle target that adds what each of its prefills and steps costs on `profile` (a step:
+    its forward and the loop's host work around it); a plain engine on CUDA graphs
+    (`forward_saving_s`) pays its forward less that saving and no host work: it schedules the next
+    step while the device runs this one, within the overhead left per forward."""
 
     def __init__(self, tokenizer: Any, answers: dict[str, list[int]], stop_token_ids: Sequence[int], profile: Profile,
                  prompt_tokens: dict[str, int], sides: dict[str, int], forward_saving_s: float = 0.0) -> None:
@@ -67,7 +69,10 @@ class PricedOracle(OracleTarget):
     def forward_tree(self, state: PricedState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
         rows, width = tokens.shape
         context = round(sum(p + e for p, e in zip(state.prompt_tokens, state.emitted)) / rows)
-        self.seconds += max(self.profile.forward_s(rows, width, context) - self.forward_saving_s, 0.0)
+        if self.forward_saving_s:
+            self.seconds += max(self.profile.forward_s(rows, width, context) - self.forward_saving_s, 0.0)
+        else:
+            self.seconds += self.profile.step_s(rows, width, context)
         return super().forward_tree(state, tokens, depths, ancestors)
 
     def keep_rows(self, state: PricedState, keep: Sequence[int]) -> None:
@@ -95,11 +100,11 @@ def projected_seconds(
 
     if sized == "page":
         for page in pages:
-            sizer = LoadSizer(profile.forward_s, prompt_tokens=prompt_tokens[page.id])
+            sizer = LoadSizer(profile.step_s, prompt_tokens=prompt_tokens[page.id])
             for _ in decode_stream(oracle, [request(page)], config, max_rows=1, sizer=sizer):
                 pass
         return len(pages), oracle.seconds
-    sizer = LoadSizer(profile.forward_s, prompt_tokens=round(sum(prompt_tokens.values()) / len(pages))) if sized == "corpus" else None
+    sizer = LoadSizer(profile.step_s, prompt_tokens=round(sum(prompt_tokens.values()) / len(pages))) if sized == "corpus" else None
     stream = [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
     for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizer=sizer):
         pass

@@ -13,15 +13,16 @@ its draft came from the PDF's text layer, else `scan`.
 
 Seconds: `decode_s` is all model work of an arm on the page (vision encoding, prefills and
 decoding, region passes included); `e2e_s` adds rendering and drafting, which every arm shares.
-With a profile, `projected` is the same work on the profile's device: every prefill and every
-forward at its measured shape (rows x nodes, context), priced by the profile.
+With a profile, `projected` is the same work on the profile's device: every prefill at its
+picture's size and every step at its measured shape (rows x nodes, context), rotation re-reads
+included, priced by the profile as the planner prices them (`Profile.step_s`, `Profile.prefill_s`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter
@@ -34,6 +35,7 @@ from hsd_cli.decoding.stats import speedup, tau
 from hsd_cli.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
+    from hsd_cli.decoding.stats import DecodeStats
     from hsd_cli.page import Page, Reading
     from hsd_cli.pipeline import DocumentSoFar
     from hsd_cli.profiles import Profile
@@ -84,25 +86,37 @@ class ArmTotals:
         }
 
 
-def projected_s(profile: Profile, reading: Reading, picture_side: int) -> float:
-    """What an arm's model work on the page costs on the profile's device: its prefills, and
-    each forward it ran at its measured shape (rows x nodes, context). Rows decoded together share
-    their forwards: a batch costs the steps of its longest-running row."""
+def projected_s(profile: Profile, reading: Reading, picture_side: int, crop_sides: Mapping[str, int]) -> float:
+    """What an arm's model work on the page costs on the profile's device, priced as the planner
+    prices it: every prefill at its picture's size (`picture_side`: the page's `square_side`;
+    `crop_sides`: each block's crop's), each step at its measured shape (rows x nodes, context),
+    its host work included. Rows decoded together share their steps: a batch costs the steps of
+    its longest-running row. A page read again because its output said it was rotated pays every
+    read (a prefill of the turned page and the read's steps)."""
     from hsd_cli.stages.region import REGION_BATCH
 
-    page_prompt, crop_prompt = profile.prefill_tokens(picture_side), profile.prefill_tokens(0)
+    page_prompt = profile.prefill_tokens(picture_side)
 
-    def forwards_s(steps: list[tuple[int, int, int]], prompt: int) -> float:
-        return sum(profile.forward_s(rows, nodes, prompt + emitted) for rows, nodes, emitted in steps)
+    def steps_s(steps: list[tuple[int, int, int]], prompt: int) -> float:
+        return sum(profile.step_s(rows, nodes, prompt + emitted) for rows, nodes, emitted in steps)
 
-    read, regions = reading.result, reading.regions
-    crops_s = len(regions) * profile.prefill_s(0)
-    if regions and not reading.region_s:  # packed: the region passes ran in the page's forwards
-        longest = max([read.stats.steps, *(region.counts.steps for region in regions)], key=len)
-        return profile.prefill_s(picture_side) + crops_s + forwards_s(longest, page_prompt)
+    def page_read_s(stats: DecodeStats) -> float:
+        return profile.prefill_s(picture_side) + steps_s(stats.steps, page_prompt)
+
+    first, *rereads = (*reading.earlier, reading.result.stats)
+    rereads_s = sum(page_read_s(stats) for stats in rereads)
+    regions = reading.regions
+    crops_s = sum(profile.prefill_s(crop_sides[region.block_id]) for region in regions)
+    if regions and not reading.region_s:  # packed: the region passes ran in the first read's forwards
+        longest = max([first.steps, *(region.counts.steps for region in regions)], key=len)
+        return profile.prefill_s(picture_side) + crops_s + steps_s(longest, page_prompt) + rereads_s
     batches = [regions[start : start + REGION_BATCH] for start in range(0, len(regions), REGION_BATCH)]
-    region_s = sum(forwards_s(max((region.counts.steps for region in batch), key=len), crop_prompt) for batch in batches)
-    return profile.prefill_s(picture_side) + crops_s + region_s + forwards_s(read.stats.steps, page_prompt)
+    region_s = sum(
+        steps_s(max((region.counts.steps for region in batch), key=len),
+                max(profile.prefill_tokens(crop_sides[region.block_id]) for region in batch))  # left-padded to the longest prompt
+        for batch in batches
+    )
+    return crops_s + region_s + page_read_s(first) + rereads_s
 
 
 def run_arm(arm: str, model: VlmModel, drafted: Page, so_far: DocumentSoFar) -> tuple[Page, float]:
@@ -124,7 +138,7 @@ def bench_pages(
     """Every page of `documents` through every arm; totals per page kind and arm."""
     from hsd_cli.pipeline import DocumentSoFar, draft_stage
     from hsd_cli.stages.draft import make_draft_backend
-    from hsd_cli.stages.planner import page_kind
+    from hsd_cli.stages.planner import crop_side, page_kind, picture_side
     from hsd_cli.stages.rasterize import DocumentError, open_document
 
     totals = {kind: {arm: ArmTotals() for arm in arms} for kind in KINDS}
@@ -146,6 +160,8 @@ def bench_pages(
                     model.target.generate_plainly(drafted.picture, model.settings.page_prompt, 1)
                     warmed = True
                 kind = page_kind(drafted.backend)
+                page_side = picture_side(drafted)
+                crop_sides = {block.id: crop_side(drafted, block, model.settings.region_padding_px) for block in drafted.blocks}
                 progress(f"{path.name} page {drafted.page_no} ({kind})")
                 runs = {arm: run_arm(arm, model, drafted, so_far[arm]) for arm in arms}
                 row: dict[str, Any] = {"input": str(path), "page": drafted.page_no, "kind": kind, "arms": {}}
@@ -153,7 +169,7 @@ def bench_pages(
                 for arm, (read, decode_s) in runs.items():
                     reading = read.reading
                     identical = reading.result.tokens == runs["ar"][0].reading.result.tokens
-                    projected = projected_s(model.profile, reading, max(drafted.picture.size)) if model.profile else 0.0
+                    projected = projected_s(model.profile, reading, page_side, crop_sides) if model.profile else 0.0
                     totals[kind][arm].add(reading, decode_s, prepare_s + decode_s, identical, projected)
                     page_tau = reading.result.stats.tau if read.plan.verifies_drafts else None
                     so_far[arm] = so_far[arm].then(kind, None if reading.result.loop else reading.text, page_tau)

@@ -14,9 +14,11 @@ together; the whole corpus (`all`) is the kinds one after the other.
 
 With `--profile`, `projected` runs the same pages through the decoding loop again with an oracle of
 the `generate` arm's tokens in place of the model (bench/oracle.py: the same acceptance, step by
-step, at any rows) and prices every prefill and forward on the profile: pages per second on the
-profile's device up to `--projected-rows`. On an analytic (GPU) profile the plain arms are priced as
-a CUDA-graph engine: `--graph-saving-ms` less per forward than the eager 4 ms the profile includes.
+step, at any rows) and prices every prefill and step on the profile (a step: its forward and the
+loop's host work): pages per second on the profile's device up to `--projected-rows`. On an
+analytic (GPU) profile the plain engine (`plain-cb`) is priced as a CUDA-graph engine:
+`--graph-saving-ms` less per forward than the eager 4 ms the profile includes, and no host work of
+its own (it schedules the next step while the device runs this one).
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class CorpusPage:
 
     @property
     def side(self) -> int:
-        return max(self.picture.size)
+        from hsd_cli.profiles import square_side
+
+        return square_side(*self.picture.size)
 
 
 @dataclass
@@ -158,7 +162,7 @@ def corpus_sizer(profile: Profile | None, pages: Sequence[CorpusPage]) -> LoadSi
     if profile is None:
         return None
     prompt = round(sum(profile.prefill_tokens(page.side) for page in pages) / len(pages))
-    return LoadSizer(profile.forward_s, prompt_tokens=prompt)
+    return LoadSizer(profile.step_s, prompt_tokens=prompt)
 
 
 def measured_runs(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int]) -> dict[str, dict[int, ArmRun]]:

@@ -19,6 +19,7 @@ from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, 
 from .repetition import RepetitionLoop, find_repetition, repetition_stop_after
 from .sizing import LoadSizer
 from .stats import DecodeStats
+from .timing import wait_for
 from .tree import TokenTree, TreeBatch, batch_trees
 from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, first_tokens, verify_trees
 
@@ -176,7 +177,8 @@ def _step(
     row_trees = _propose(active, sizer)
     trees = batch_trees(row_trees)
     proposed_at = perf_counter()
-    logits = target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)
+    logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors))
+    forwarded_at = perf_counter()
     outcomes = _verify(active, state.rows, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])
     for row, (sequence, outcome) in enumerate(zip(active, outcomes)):
@@ -190,6 +192,7 @@ def _step(
     for sequence in active:
         sequence.stats.propose_s += proposed_at - start
         sequence.stats.verify_s += finished_at - proposed_at
+        sequence.stats.forward_s += forwarded_at - proposed_at
 
 
 def _admit(

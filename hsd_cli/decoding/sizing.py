@@ -15,7 +15,8 @@ a tree's first n nodes are its most promising subtree.
 
 Acceptance is learned from the run: per proposer kind and match evidence (`TokenTree.evidence`),
 the share of steps whose path, having reached depth d - 1 where the tree went on, reached depth d.
-Knows nothing of models: `step_cost` is any function (a cost profile's `forward_s`).
+Knows nothing of models: `step_cost` is any function (a cost profile's `step_s`: the forward and
+the host work around it).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ class DecodeStats:
     prefill_s: float = 0.0
     propose_s: float = 0.0
     verify_s: float = 0.0  # tree forwards, verification and cache compaction
+    forward_s: float = 0.0  # of verify_s, the tree forwards alone (the device's work finished)
     # Per tree forward this sequence took part in: (batch rows, nodes per row, tokens emitted
     # before it). Its shape, to project what it costs on a cost profile; not in `as_dict`.
     steps: list[tuple[int, int, int]] = field(default_factory=list)
@@ -50,6 +51,12 @@ class DecodeStats:
     @property
     def decode_s(self) -> float:
         return self.propose_s + self.verify_s
+
+    @property
+    def host_s(self) -> float:
+        """The steps' work around their forwards: proposing, the tree batch, reading the accepted
+        path back, the cache edits (what a cost profile prices per step beside the forward)."""
+        return self.decode_s - self.forward_s
 
     def record_step(self, proposed: int, accepted: int, emitted: int, rows: int, width: int) -> None:
         """One tree forward over `rows` rows of `width` nodes: `emitted` is accepted + 1 unless EOS
@@ -74,4 +81,5 @@ class DecodeStats:
             "prefill_s": round(self.prefill_s, 4),
             "propose_s": round(self.propose_s, 4),
             "verify_s": round(self.verify_s, 4),
+            "forward_s": round(self.forward_s, 4),
         }

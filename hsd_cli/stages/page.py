@@ -77,21 +77,20 @@ def upright_read(
     """`read` of the picture (`upright`: that reading, where it was decoded already); where the
     output's front matter says the page is rotated, of the picture turned by the model's
     correction, up to ROTATION_REREADS more times."""
-    rotation, earlier_forwards, reads = 0, 0, 1
+    rotation, earlier = 0, ()
     result = upright if upright is not None else read(picture)
     while True:
         output = result.text.strip()
         # The front matter goes to the JSON; the Markdown is the page's text.
         front_matter, body = split_front_matter(output) if settings.front_matter != "none" else (None, output)
         correction = rotation_correction(front_matter)
-        if not correction or reads > ROTATION_REREADS:
+        if not correction or len(earlier) >= ROTATION_REREADS:
             dialect = {name: getattr(settings, name) for name in DIALECT_KEYS}
             # The grounding tags go to the JSON too.
             grounding, body = split_grounding(body, settings.grounding)
-            return Reading(result, front_matter, body, dialect, rotation, reads, earlier_forwards, grounding=grounding)
-        earlier_forwards += result.stats.forwards
+            return Reading(result, front_matter, body, dialect, rotation, earlier, grounding=grounding)
+        earlier += (result.stats,)
         rotation = (rotation + correction) % 360
-        reads += 1
         result = read(turned(picture, rotation))
 
 

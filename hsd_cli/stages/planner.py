@@ -9,7 +9,7 @@ passes over some blocks' crops, batched, then the page stage verifying their out
 on a GPU). `draft` where even the fastest would not finish within the page's time limit: the
 draft stands in, as it would when the limit ended the reading, without the wait.
 
-    seconds(plan) = prefill + region passes + page steps * forward_s(rows, NODES_PER_STEP, context)
+    seconds(plan) = prefill + region passes + page steps * step_s(rows, NODES_PER_STEP, context)
     page steps    = sum over blocks of n_b / tau_b      (plain: N steps of one node)
     region-page:  a block b in the region set R drafts the page at REGION_TAU instead of tau_b;
                   its crop costs a prefill and n_b / tau_b steps in batches of `region_batch` rows
@@ -22,6 +22,11 @@ source, moved towards the tau observed on the document's earlier pages, times th
 measured factor). R is the blocks that save the most page steps, as many as the profile says pay.
 OCR confidence is not used: on the same pages blocks above 0.95 draft alike in every band (tau
 3.1 to 3.7, 83 blocks), and the two below 0.9 (tau 1.2) are too few to set a rule by.
+
+Steps and prefills are priced by the profile (`Profile.step_s`, `Profile.prefill_s`), as the load
+sizer and the benches' projections price them. A page read again because its model output says it
+is rotated is not predicted: that is known only once the page has been read, and every plan would
+read it again the same way (plain decoding plainly, the others with the page stage).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hsd_cli.config import Stages
 from hsd_cli.page import Page, Plan, Way
-from hsd_cli.profiles import Profile
+from hsd_cli.profiles import Profile, square_side
 from hsd_cli.records import Block, BlockKind
 from hsd_cli.stages.dialect import draft_plan
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
@@ -75,7 +80,7 @@ class BlockOutlook:
     id: str
     kind: str
     tokens: int  # its draft's length in the model's tokens
-    crop_side: int  # its crop's longer side in pixels; 0 where it gets no region pass (no crop, a figure)
+    crop_side: int  # its crop's `square_side` in pixels; 0 where it gets no region pass (no crop, a figure)
 
 
 def expected_tau(kind: str, earlier_tau: Sequence[float] = ()) -> float:
@@ -85,8 +90,8 @@ def expected_tau(kind: str, earlier_tau: Sequence[float] = ()) -> float:
 
 @dataclass(frozen=True)
 class _Costs:
-    """The profile's prices for one page: of `kind`, drafted by `blocks`, its picture `picture_side`
-    pixels on its longer side, expected to draft at `tau`."""
+    """The profile's prices for one page: of `kind`, drafted by `blocks`, its picture
+    `picture_side` pixels a side (`square_side`), expected to draft at `tau`."""
 
     profile: Profile
     kind: str
@@ -132,22 +137,22 @@ class _Costs:
         return max(1.0, sum(steps(block) for block in self.blocks))
 
     def plain(self) -> float:
-        return self.page_prefill + self.tokens * self.profile.forward_s(1, 1, self.page_context)
+        return self.page_prefill + self.tokens * self.profile.step_s(1, 1, self.page_context)
 
     def region_page(self, regions: Sequence[BlockOutlook]) -> float:
         region_s = self.crop_prefills(regions)
         for start in range(0, len(regions), self.region_batch):
             batch = regions[start : start + self.region_batch]
             context = max(self.profile.prefill_tokens(b.crop_side) + b.tokens // 2 for b in batch)
-            region_s += max(self.draft_steps(b) for b in batch) * self.profile.forward_s(len(batch), self.nodes, context)
+            region_s += max(self.draft_steps(b) for b in batch) * self.profile.step_s(len(batch), self.nodes, context)
         steps = self.page_steps(regions, REGION_TAU[self.kind])
-        return self.page_prefill + region_s + steps * self.profile.forward_s(1, self.nodes, self.page_context)
+        return self.page_prefill + region_s + steps * self.profile.step_s(1, self.nodes, self.page_context)
 
     def packed(self, regions: Sequence[BlockOutlook]) -> float:
         steps = self.page_steps(regions, None)
         # A region row leaves the batch when its block is read: the rows a page step carries, on average.
         rows = 1 + sum(min(self.draft_steps(block), steps) for block in regions) / steps
-        return self.page_prefill + self.crop_prefills(regions) + steps * self.profile.forward_s(rows, self.nodes, self.page_context)
+        return self.page_prefill + self.crop_prefills(regions) + steps * self.profile.step_s(rows, self.nodes, self.page_context)
 
 
 def plan_page(
@@ -155,7 +160,7 @@ def plan_page(
     packed_regions: int, earlier_tau: Sequence[float] = (), time_limit_s: float = 0.0,
 ) -> Plan:
     """The way predicted fastest for a page of `kind` drafted by `blocks` (`picture_side`: its
-    picture's longer side in pixels), with each way's best prediction: region passes go to the
+    picture's `square_side` in pixels), with each way's best prediction: region passes go to the
     blocks whose outputs would save the most page steps, as many as the prediction says pay.
     `earlier_tau`: the page stage's tau on the document's earlier pages of this kind. `draft` where
     even the fastest would take far over `time_limit_s` (0: no limit). `region_batch` and
@@ -182,17 +187,24 @@ def plan_page(
     return Plan(chosen, regions=tuple(block.id for block in options[chosen][1]), tau=tau, predicted_s=predicted)
 
 
+def picture_side(page: Page) -> int:
+    """The `square_side` of the page's picture: what its prefill is priced by."""
+    return square_side(*page.picture.size)
+
+
+def crop_side(page: Page, block: Block, region_padding_px: int) -> int:
+    """The `square_side` of the block's crop, 0 where it has none (too small)."""
+    from hsd_cli.stages.rasterize import crop_box
+
+    box = crop_box(page, block.bbox, region_padding_px)
+    return square_side(box[2] - box[0], box[3] - box[1]) if box is not None else 0
+
+
 def block_outlooks(page: Page, tokens: Callable[[str], int], region_padding_px: int) -> tuple[BlockOutlook, ...]:
     """The planner's view of the blocks that draft the page: each one's length in the model's
     tokens and the side of its crop."""
-    from hsd_cli.stages.rasterize import crop_box
-
-    def crop_side(block: Block, region: bool) -> int:
-        box = crop_box(page, block.bbox, region_padding_px) if region else None
-        return max(box[2] - box[0], box[3] - box[1]) if box is not None else 0
-
     return tuple(
-        BlockOutlook(block.id, block.kind.value, tokens(block.text), crop_side(block, region))
+        BlockOutlook(block.id, block.kind.value, tokens(block.text), crop_side(page, block, region_padding_px) if region else 0)
         for block, region in draft_plan(page.blocks, lambda block: True)
     )
 

@@ -12,7 +12,7 @@ from PIL import Image
 from hsd_cli.decoding import DecodeConfig, LoadSizer, UnsupportedTransformersError, check_cache_layout, load_target
 from hsd_cli.decoding.target.families import adapter_for
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
-from hsd_cli.profiles import Profile, load_profile, profile_name
+from hsd_cli.profiles import Profile, load_profile, profile_name, square_side
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class VlmModel:
         depend on the pages read before it; without one, whole trees."""
         if self.profile is None:
             return None
-        return LoadSizer(self.profile.forward_s, prompt_tokens=self.profile.prefill_tokens(max(picture.size)))
+        return LoadSizer(self.profile.step_s, prompt_tokens=self.profile.prefill_tokens(square_side(*picture.size)))
 
     def outside_replay_set(self, picture: Image.Image) -> bool:
         """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""

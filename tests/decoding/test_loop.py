@@ -1,9 +1,11 @@
-"""Loop behaviour beyond plain exactness: text drafts, near-lossless mode, guards, dtypes."""
+"""Loop behaviour beyond plain exactness: text drafts, near-lossless mode, guards, dtypes, the
+seconds a step spends in its forward and around it."""
 
 from types import SimpleNamespace
 
 import torch
 
+from hsd_cli.decoding import loop
 from hsd_cli.decoding.target import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, decode_many
 from hsd_cli.decoding.repetition import REPETITION_SPAN
@@ -62,6 +64,28 @@ class ScriptedTarget:
 
     def decode(self, tokens, skip_special_tokens=True):
         return ""
+
+
+def test_a_steps_seconds_are_its_forward_and_the_host_work_around_it(monkeypatch):
+    """What a cost profile prices per step beside the forward (DecodeStats.host_s) is measured
+    apart from it: on a clock that only the target's forward (1 s) and cache edit (0.25 s) move."""
+    clock = [0.0]
+    monkeypatch.setattr(loop, "perf_counter", lambda: clock[0])
+
+    class TimedTarget(ScriptedTarget):
+        def forward_tree(self, *args):
+            clock[0] += 1.0
+            return super().forward_tree(*args)
+
+        def commit(self, *args):
+            clock[0] += 0.25
+            super().commit(*args)
+
+    script = list(range(10, 40))
+    request = DecodeRequest(None, "", DraftProposer([script[:12] + [1, 2] + script[14:]]))
+    stats = decode_batch(TimedTarget([script]), [request], DecodeConfig(max_new_tokens=25))[0].stats
+    assert len(stats.steps) > 2 and stats.accepted > 10
+    assert stats.forward_s == len(stats.steps) and stats.host_s == 0.25 * len(stats.steps)
 
 
 # Output that repeats for a while and goes on (a long dot leader: 900 tokens of one unit), output

@@ -1,0 +1,154 @@
+"""An analytic profile: what a forward and a prefill cost on a device that is not present,
+computed from the device's published memory bandwidth and FLOP/s and the model's shapes
+(formulas in docs/method.md, "Cost profiles")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile
+
+# Continuous batching holds hundreds of rows on a GPU, and the load sizer prices every width.
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+NODES = (1, 2, 4, 8, 16, 32, 64)
+CONTEXTS = (512, 2048, 4096, 8192)
+IMAGE_SIDES = (224, 448, 896, 1344, 1792, 2240)
+# The host work of hsd's loop around a forward (Python: proposing, the tree batch, reading the path
+# back; the cache edits and the argmax are device work on a GPU), as `hsd profile` measured it
+# around a tiny model's forwards on this project's CPU, one thread, the fastest of three runs
+# (docs/BENCHMARKS.md): the CPU that drives a GPU runs the same Python.
+LOOP_HOST = HostCost(per_step=0.0005, per_row=0.00007, per_node=0.000005)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Published peak figures of a device; the efficiencies are what decoding kernels reach of them."""
+
+    name: str
+    memory_bandwidth: float  # bytes/s
+    peak_flops: float  # dense FLOP/s in `dtype`
+    dtype: str
+    bandwidth_efficiency: float = 0.8
+    flops_efficiency: float = 0.6
+    forward_overhead_s: float = 0.004  # kernel launches and Python per forward (no CUDA graphs)
+
+
+DEVICES = {
+    "h100-bf16": DeviceSpec("NVIDIA H100 SXM", 3.35e12, 989e12, "bfloat16"),
+    "a100-bf16": DeviceSpec("NVIDIA A100 SXM 80GB", 2.039e12, 312e12, "bfloat16"),
+    "l4-bf16": DeviceSpec("NVIDIA L4", 300e9, 121e12, "bfloat16"),
+}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The analytic model fed with what this machine's CPU measures (not published figures): to check
+# the formulas against a measured profile of the same model here.
+THIS_CPU = "this-cpu-float32"
+
+
+def measure_this_cpu(repeats: int = 3) -> DeviceSpec:
+    """This CPU's reachable read bandwidth (summing a 1 GiB tensor) and fp32 matmul FLOP/s (2048^3),
+    with torch's threads; efficiencies 1 since these are reached, not peak, figures."""
+    import torch
+
+    values = torch.ones(2**28)
+    left, right = torch.randn(2048, 2048), torch.randn(2048, 2048)
+
+    def timed(work: Any) -> float:
+        work()
+        started = perf_counter()
+        work()
+        return perf_counter() - started
+
+    read_s = min(timed(values.sum) for _ in range(repeats))
+    matmul_s = min(timed(lambda: left @ right) for _ in range(repeats))
+    return DeviceSpec(
+        f"this CPU ({torch.get_num_threads()} threads)", values.numel() * 4 / read_s, 2 * 2048**3 / matmul_s, "float32",
+        bandwidth_efficiency=1.0, flops_efficiency=1.0,
+    )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the analytic cost needs of a model's config."""
+
+    text_params: int  # read once per forward: every decoder layer, the embedding and the output layer
+    layers: int
+    hidden: int
+    kv_bytes_per_token: int  # keys and values of every layer, per cached token (at 1 byte per value)
+    vision_params: int
+    vision_hidden: int
+    vision_full_layers: int  # vision layers attending over the whole picture
+    vision_window_layers: int  # vision layers attending within windows of `window_patches`
+    window_patches: int
+    patch: int
+    merge: int
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> ModelShape:
+        text = config.get("text_config") or config
+        hidden, layers, ffn = text["hidden_size"], text["num_hidden_layers"], text["intermediate_size"]
+        heads, kv_heads = text["num_attention_heads"], text["num_key_value_heads"]
+        head_dim = text.get("head_dim") or hidden // heads
+        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        embeddings = text["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
+        vision = config["vision_config"]
+        v_hidden, v_ffn, v_depth = vision["hidden_size"], vision["intermediate_size"], vision["depth"]
+        merge = vision.get("spatial_merge_size", 2)
+        merger = (v_hidden * merge**2) ** 2 + v_hidden * merge**2 * vision.get("out_hidden_size", hidden)
+        # Qwen2.5-VL's encoder attends within 112-pixel windows but in its `fullatt_block_indexes`.
+        window = vision.get("window_size")
+        full_layers = len(vision["fullatt_block_indexes"]) if window else v_depth
+        return cls(
+            text_params=layers * (attention + 3 * hidden * ffn) + embeddings,
+            layers=layers,
+            hidden=hidden,
+            kv_bytes_per_token=2 * layers * kv_heads * head_dim,
+            vision_params=v_depth * (4 * v_hidden**2 + 3 * v_hidden * v_ffn) + merger,
+            vision_hidden=v_hidden,
+            vision_full_layers=full_layers,
+            vision_window_layers=v_depth - full_layers,
+            window_patches=(window // vision["patch_size"]) ** 2 if window else 0,
+            patch=vision["patch_size"],
+            merge=merge,
+        )
+
+
+def analytic_forward_s(shape: ModelShape, device: DeviceSpec, rows: int, nodes: int, context: int) -> float:
+    """max(memory time, compute time) + overhead: the weights and the rows' caches are read once;
+    every node costs 2 FLOPs per weight plus attention over its row's context."""
+    width = _DTYPE_BYTES[device.dtype]
+    read = shape.text_params * width + rows * (context + nodes) * shape.kv_bytes_per_token * width
+    flops = 2 * shape.text_params * rows * nodes + 4 * shape.layers * shape.hidden * rows * nodes * (context + nodes)
+    memory_s = read / (device.memory_bandwidth * device.bandwidth_efficiency)
+    compute_s = flops / (device.peak_flops * device.flops_efficiency)
+    return max(memory_s, compute_s) + device.forward_overhead_s
+
+
+def analytic_prefill_s(shape: ModelShape, device: DeviceSpec, image_side: int, prompt_tokens: int = 40) -> tuple[int, float]:
+    """(tokens, seconds) of a page's prefill: the vision encoder over the patches (its attention
+    over the whole picture in its full-attention layers, within windows in the others), then the
+    prompt with the merged image tokens through the decoder; compute-bound."""
+    patches = (image_side // shape.patch) ** 2
+    tokens = patches // shape.merge**2 + prompt_tokens
+    vision_attention = 4 * shape.vision_hidden * patches * (
+        shape.vision_full_layers * patches + shape.vision_window_layers * shape.window_patches
+    )
+    flops = (2 * shape.vision_params * patches + vision_attention + 2 * shape.text_params * tokens
+             + 4 * shape.layers * shape.hidden * tokens**2)
+    compute_s = flops / (device.peak_flops * device.flops_efficiency)
+    memory_s = (shape.text_params + shape.vision_params) * _DTYPE_BYTES[device.dtype] / (device.memory_bandwidth * device.bandwidth_efficiency)
+    return tokens, max(compute_s, memory_s) + 2 * device.forward_overhead_s
+
+
+def analytic_profile(device_name: str, architecture: str, config: dict[str, Any]) -> Profile:
+    device = measure_this_cpu() if device_name == THIS_CPU else DEVICES[device_name]
+    shape = ModelShape.of(config)
+    forwards = tuple(
+        ForwardCost(r, n, c, analytic_forward_s(shape, device, r, n, c)) for c in CONTEXTS for r in ROWS for n in NODES
+    )
+    prefills = tuple(PrefillCost(side, *analytic_prefill_s(shape, device, side)) for side in IMAGE_SIDES)
+    return Profile(
+        name=f"{architecture}-{device_name}", model=architecture, device=device.name, dtype=device.dtype,
+        kind="analytic", forwards=forwards, prefills=prefills, host=LOOP_HOST,
+    )
