@@ -285,26 +285,13 @@ def throughput(
     if not documents:
         raise typer.BadParameter("no PDF or image among the paths", param_hint="PATHS")
     import torch
-    from transformers.utils import logging as hf_logging
 
-    from hsd_cli.decoding.target.families import UnsupportedFamilyError
-    from hsd_cli.stages.vlm import ModelUnavailableError, VlmModel, VlmOptions, preflight
+    from hsd_cli.bench.loading import bench_model
+    from hsd_cli.stages.vlm import VlmOptions
 
-    if threads:
-        torch.set_num_threads(threads)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
     options = VlmOptions(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          max_new_tokens=max_new_tokens, profile=profile)
-    try:
-        preflight(options)
-    except ModelUnavailableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(4) from None
-    except UnsupportedFamilyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
-    vlm = VlmModel(options)
+    vlm = bench_model(options, threads)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr)

@@ -1,0 +1,35 @@
+"""The model a bench reads pages with, loaded as `hsd convert` loads it, or a one-line error."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from hsd_cli.stages.vlm import VlmModel, VlmOptions
+
+
+def bench_model(options: VlmOptions, threads: int | None) -> VlmModel:
+    """The model of `options` (exit 4 where it, its device or transformers cannot be used; exit 2
+    for a family hsd does not serve), with `threads` torch threads and transformers kept quiet."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from hsd_cli.decoding.target.families import UnsupportedFamilyError
+    from hsd_cli.stages.vlm import ModelUnavailableError, VlmModel, preflight
+
+    if threads:
+        torch.set_num_threads(threads)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        preflight(options)
+    except ModelUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(4) from None
+    except UnsupportedFamilyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    return VlmModel(options)
