@@ -23,7 +23,6 @@ from typing import Annotated
 import typer
 
 from hsd_cli.decoding.stats import speedup, tau
-from hsd_cli.models.tiny_families import TINY_FAMILIES
 
 ARMS = ("ar", "hsd", "ar_anchor", "pld_anchor", "hsd_anchor")
 PROMPT = "Transcribe the text of this page."
@@ -262,7 +261,7 @@ def print_table(report: dict, title: str) -> None:
 def decode(
     model: Annotated[str | None, typer.Option(help="Model id or local directory.")] = None,
     tiny_random: Annotated[
-        str | None, typer.Option(help=f"Build a tiny random model of this family instead ({', '.join(TINY_FAMILIES)}).")
+        str | None, typer.Option(help="Build a tiny random model of this family instead (every family hsd serves: `hsd models`).")
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or mps (default: what is present).")] = None,
     dtype: Annotated[
@@ -294,12 +293,14 @@ def decode(
     from transformers.utils import logging as hf_logging
 
     from hsd_cli.decoding import ProposerConfig, SamplingConfig, load_target
-    from hsd_cli.models.tiny_families import build_tiny_random
+    from hsd_cli.models.tiny_families import TINY_FAMILIES, build_tiny_random
 
     chosen_arms = [a.strip() for a in arms.split(",") if a.strip()]
     unknown = set(chosen_arms) - set(ARMS)
     if unknown or (model is None) == (tiny_random is None):
         raise typer.BadParameter(f"give exactly one of --model / --tiny-random; arms must be among {ARMS}")
+    if tiny_random is not None and tiny_random not in TINY_FAMILIES:
+        raise typer.BadParameter(f"no tiny random model of {tiny_random!r}; families: {', '.join(TINY_FAMILIES)}", param_hint="--tiny-random")
     if "ar" not in chosen_arms:
         chosen_arms.insert(0, "ar")  # drafts and the reference come from it
     torch.set_num_threads(threads)

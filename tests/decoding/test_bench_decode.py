@@ -58,3 +58,9 @@ def test_the_generate_baseline_is_plain_greedy_whatever_the_checkpoint_sets(tmp_
     shaped = target.model.generate(**target.inputs([image], ["Read this."]), max_new_tokens=40, do_sample=False)
     assert shaped[0, -40:].tolist() != plain, "the checkpoint's settings change generate's output"
     assert run_generate(target, image, "Read this.", 40, SamplingConfig()).tokens == plain
+
+
+def test_an_unknown_tiny_family_is_a_one_line_usage_error():
+    result = CliRunner().invoke(bench_app, ["decode", "--tiny-random", "no_such_family"])
+    assert result.exit_code == 2 and "no tiny random model of 'no_such_family'" in result.output
+    assert "Traceback" not in result.output
