@@ -83,6 +83,13 @@ class PricedOracle(OracleTarget):
         return _priced(super().join(states), [p for state in states for p in state.prompt_tokens])
 
 
+def corpus_sizer(profile: Profile | None, pages: Sequence[CorpusPage]) -> LoadSizer | None:
+    """One sizer for a stream of `pages`, its prompt the pages' mean (None without a profile)."""
+    if profile is None:
+        return None
+    return LoadSizer(profile.step_s, prompt_tokens=round(sum(profile.prefill_tokens(page.side) for page in pages) / len(pages)))
+
+
 def projected_seconds(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: str, forward_saving_s: float,
@@ -104,7 +111,7 @@ def projected_seconds(
             for _ in decode_stream(oracle, [request(page)], config, max_rows=1, sizer=sizer):
                 pass
         return len(pages), oracle.seconds
-    sizer = LoadSizer(profile.step_s, prompt_tokens=round(sum(prompt_tokens.values()) / len(pages))) if sized == "corpus" else None
+    sizer = corpus_sizer(profile, pages) if sized == "corpus" else None
     stream = [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
     for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizer=sizer):
         pass

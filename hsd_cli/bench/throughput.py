@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
     from hsd_cli.decoding import DecodeRequest
     from hsd_cli.decoding.sizing import LoadSizer
-    from hsd_cli.profiles import Profile
     from hsd_cli.stages.vlm import VlmModel
 
 KINDS = ("born_digital", "scan")
@@ -156,17 +155,10 @@ def generated(model: VlmModel, pages: Sequence[CorpusPage]) -> ArmRun:
     return run
 
 
-def corpus_sizer(profile: Profile | None, pages: Sequence[CorpusPage]) -> LoadSizer | None:
-    from hsd_cli.decoding.sizing import LoadSizer
-
-    if profile is None:
-        return None
-    prompt = round(sum(profile.prefill_tokens(page.side) for page in pages) / len(pages))
-    return LoadSizer(profile.step_s, prompt_tokens=prompt)
-
-
 def measured_runs(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int]) -> dict[str, dict[int, ArmRun]]:
     """arm -> rows -> run, over `pages` (one kind). Generate and hsd-1 run at one row."""
+    from hsd_cli.bench.corpus_projection import corpus_sizer
+
     config = model.decode_config
     runs: dict[str, dict[int, ArmRun]] = {"generate": {1: generated(model, pages)}}
     runs["hsd-1"] = {1: ArmRun()}
