@@ -30,7 +30,7 @@ from hsd_cli.page import DocumentResult, Page, Plan, Reading, Way
 from hsd_cli.records import Block, BlockKind, DocStatus, PageFlag
 from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, exception_line, make_draft_backend
-from hsd_cli.stages.outcome import LOST_PAGE_WHY, draft_standing_in, failed_page, model_reading
+from hsd_cli.stages.outcome import LOST_PAGE_WHY, TIMED_OUT_WHY, draft_standing_in, failed_page, model_reading
 from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, picture_side, plan_page
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
 from hsd_cli.stats import DecodingTotals
@@ -143,15 +143,24 @@ def read_stage(page: Page, model: VlmModel, so_far: DocumentSoFar) -> Reading | 
     return replace(reading, page_s=time.perf_counter() - started)
 
 
-def vlm_stage(drafted: Page, model: VlmModel, stages: Stages, so_far: DocumentSoFar, time_limit_s: float = 0.0) -> Page:
+def vlm_stage(
+    drafted: Page, model: VlmModel, stages: Stages, so_far: DocumentSoFar, time_limit_s: float = 0.0,
+    deadline: float | None = None,
+) -> Page:
     """The page planned and read by the model, with the --baseline reading where asked for; the
-    draft, flagged, where the planner predicts the page would not finish within `time_limit_s`."""
+    draft, flagged, where the planner predicts the page would not finish within `time_limit_s`,
+    or where the reading ran past `deadline` (time.monotonic())."""
     from hsd_cli.stages.page import baseline_check
+    from hsd_cli.stages.vlm import PageTimedOut
 
     started = time.perf_counter()
     page = replace(drafted, plan=plan_stage(drafted, model, stages, so_far, time_limit_s))
     planned_s = time.perf_counter() - started
-    reading = read_stage(page, model, so_far)
+    try:
+        with model.page_deadline(deadline):
+            reading = read_stage(page, model, so_far)
+    except PageTimedOut:
+        return draft_standing_in(page, PageFlag.TIMEOUT, TIMED_OUT_WHY)
     if reading is None:
         predicted = min(page.plan.predicted_s.values())
         why = (f"the model would take about {predicted:.0f} s, far over --page-timeout {time_limit_s:g} s "
@@ -216,8 +225,10 @@ def _convert_page(
     so_far: DocumentSoFar,
 ) -> tuple[Page, PageError | None]:
     """Draft, checkpoint the draft, then the VLM stages (whose drafts follow the dialect of the
-    document's model outputs so far); each stage retried once. The error is the last one raised."""
+    document's model outputs so far); each stage retried once. The error is the last one raised.
+    The model stops reading the page at --page-timeout from its start."""
     page_no = pdf_page.number + 1
+    deadline = time.monotonic() + task.page_timeout if task.page_timeout else None
 
     def drafted() -> Page:
         debug_fault(task.doc, page_no, "draft")
@@ -225,7 +236,7 @@ def _convert_page(
 
     def decoded() -> Page:
         debug_fault(task.doc, page_no, "vlm")
-        return vlm_stage(page, vlm, task.config.stages, so_far, task.page_timeout)
+        return vlm_stage(page, vlm, task.config.stages, so_far, task.page_timeout, deadline)
 
     page, error = _with_retries(drafted)
     if page is None:

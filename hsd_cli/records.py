@@ -54,7 +54,7 @@ class PageFlag(StrEnum):
     VLM_ERROR = "vlm_error"  # the model's stages raised
     PREDICTED_TIMEOUT = "predicted_timeout"  # the planner predicts far over --page-timeout
     REPETITION = "repetition"  # the model looped: its reading up to the loop, then the draft
-    TIMEOUT = "timeout"  # the page ran past --page-timeout and its worker was stopped
+    TIMEOUT = "timeout"  # the page ran past --page-timeout: the model stopped reading it, or its worker was stopped
     CRASH = "crash"  # the worker died on the page twice
     ERROR = "error"  # the draft stage raised twice
     # What else a page's reading or draft is.

@@ -252,13 +252,11 @@ def _vlm_page(model, page, blocks, earlier_outputs=()):
 
 
 def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_it(tmp_path, monkeypatch):
-    from hsd_cli.stages import page as page_stage
-
     model, image = _tiny_model(tmp_path), _blank_page()
     table = block(BlockKind.TABLE, PIPE, html=SPANNING)
     seen_drafts = []
-    real_decode = page_stage.decode
-    monkeypatch.setattr(page_stage, "decode", lambda *args, **kwargs: seen_drafts.append(args[3]) or real_decode(*args, **kwargs))
+    real_decode = model.decode
+    monkeypatch.setattr(model, "decode", lambda picture, prompt, drafts: seen_drafts.append(drafts) or real_decode(picture, prompt, drafts))
     output = _vlm_page(model, image, (table,), ["|---|---|\n"])
     assert seen_drafts[0][2:] == [PIPE] and "is_table: True" in seen_drafts[0][0], "the family's front matter first"
     assert output.reading.dialect["table_format"] == "pipe"
@@ -302,17 +300,16 @@ def test_an_outputs_front_matter_is_split_off_as_plain_values():
 
 def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(tmp_path, monkeypatch):
     from hsd_cli.decoding import DecodeResult, DecodeStats
-    from hsd_cli.stages import page as page_stage
 
     model, image = _tiny_model(tmp_path), _blank_page()
     # The tiny random model writes no front matter: stand in an olmOCR output for its decoding.
     seen_drafts, outputs = [], [OLMOCR_OUTPUT, OLMOCR_OUTPUT.replace("en", "null").split("The")[0]]
 
-    def olmocr_decode(target, image, prompt, drafts, config, match="tokens", sizer=None):
+    def olmocr_decode(image, prompt, drafts):
         seen_drafts.append(drafts)
         return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=1, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
 
-    monkeypatch.setattr(page_stage, "decode", olmocr_decode)
+    monkeypatch.setattr(model, "decode", olmocr_decode)
     output = _vlm_page(model, image, (block(BlockKind.TEXT, "The harvest came early."),))
     assert output.text == "The harvest came early."
     stats = stats_json(output)
@@ -328,17 +325,16 @@ def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(
 
 def test_a_page_the_front_matter_calls_rotated_is_turned_and_read_again(tmp_path, monkeypatch):
     from hsd_cli.decoding import DecodeResult, DecodeStats
-    from hsd_cli.stages import page as page_stage
 
     model, image = _tiny_model(tmp_path), _blank_page()
     sideways = OLMOCR_OUTPUT.replace("is_rotation_valid: True\nrotation_correction: 0", "is_rotation_valid: False\nrotation_correction: 90")
     seen_sizes, outputs = [], [sideways.replace("The harvest", "Garbled"), OLMOCR_OUTPUT]
 
-    def olmocr_decode(target, image, prompt, drafts, config, match="tokens", sizer=None):
+    def olmocr_decode(image, prompt, drafts):
         seen_sizes.append(image.size)
         return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=5, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
 
-    monkeypatch.setattr(page_stage, "decode", olmocr_decode)
+    monkeypatch.setattr(model, "decode", olmocr_decode)
     prose = (block(BlockKind.TEXT, "The harvest came early."),)
     output = _vlm_page(model, image, prose)
     assert output.text == "The harvest came early." and "rotated" in output.flags

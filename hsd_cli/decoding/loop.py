@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any, Protocol
 
 import torch
@@ -43,13 +43,16 @@ class DecodeRequest:
     # output as a draft when it ends (a region crop's output drafting its page); its proposer must
     # be a DraftSink.
     feeds: int | None = None
+    # time.monotonic() past which the row leaves the batch unfinished (stop reason "deadline"),
+    # checked between steps: a page past its --page-timeout gives its rows back to the others.
+    deadline: float | None = None
 
 
 @dataclass
 class DecodeResult:
     tokens: list[int]
     stats: DecodeStats
-    stop_reason: str  # "eos", "budget" or "repetition"
+    stop_reason: str  # "eos", "budget", "repetition" or "deadline"
     text: str = ""  # the model's reading: the tokens, less the loop where the guard stopped one
     loop: RepetitionLoop | None = None  # where stop_reason is "repetition"
 
@@ -91,6 +94,9 @@ class Target(Protocol):
 @dataclass
 class _Sequence:
     request: DecodeRequest
+    key: int  # the request's index among those decoded together: it keys sampling
+    sizer: LoadSizer | None = None  # cuts this row's trees, with the other rows of the same sizer
+    feeds: int | None = None  # the batch key of the row this one drafts when it ends
     tokens: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     stop_reason: str | None = None
@@ -128,8 +134,8 @@ def _prefill(
         state, logits = target.prefill_each([target.inputs([s.request.image], [s.request.prompt]) for s in sequences])
     else:
         state, logits = target.prefill(target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences]))
-    state.rows = list(newcomers)  # the request indices: they also key sampling
-    first = first_tokens(logits, state.rows, config.sampling)
+    state.rows = list(newcomers)  # the batch keys
+    first = first_tokens(logits, [s.key for s in sequences], config.sampling)
     elapsed = perf_counter() - start
     for sequence, token in zip(sequences, first):
         sequence.emit([token], stop_ids, config)
@@ -142,18 +148,23 @@ def _kind(sequence: _Sequence) -> str:
     return type(sequence.request.proposer).__name__
 
 
-def _propose(active: list[_Sequence], sizer: LoadSizer | None) -> list[TokenTree]:
-    """Each row's tree, cut to the width the sizer prices best (whole without a sizer)."""
+def _propose(active: list[_Sequence]) -> list[TokenTree]:
+    """Each row's tree, cut to the width its sizer prices best for the rows it sizes (whole
+    without a sizer)."""
     trees = [s.request.proposer.propose(s.tokens) for s in active]
-    if sizer is None:
-        return trees
-    width = sizer.width([_kind(s) for s in active], trees, [len(s.tokens) for s in active])
-    return [tree.first(width) for tree in trees]
+    sized: dict[int, list[int]] = {}
+    for row, sequence in enumerate(active):
+        if sequence.sizer is not None:
+            sized.setdefault(id(sequence.sizer), []).append(row)
+    for rows in sized.values():
+        sizer = active[rows[0]].sizer
+        width = sizer.width([_kind(active[r]) for r in rows], [trees[r] for r in rows], [len(active[r].tokens) for r in rows])
+        for row in rows:
+            trees[row] = trees[row].first(width)
+    return trees
 
 
-def _verify(
-    active: list[_Sequence], rows: list[int], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig
-) -> list[StepOutcome]:
+def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
     if sampling.near_lossless_tau is not None and sampling.greedy:
         return [
             accept_path_near_lossless(
@@ -166,24 +177,21 @@ def _verify(
             )
             for row, sequence in enumerate(active)
         ]
-    return verify_trees(trees, logits, rows, [len(s.tokens) for s in active], sampling)
+    return verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], sampling)
 
 
-def _step(
-    target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int],
-    sizer: LoadSizer | None,
-) -> None:
+def _step(target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
     start = perf_counter()
-    row_trees = _propose(active, sizer)
+    row_trees = _propose(active)
     trees = batch_trees(row_trees)
     proposed_at = perf_counter()
     logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors))
     forwarded_at = perf_counter()
-    outcomes = _verify(active, state.rows, trees, logits, config.sampling)
+    outcomes = _verify(active, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])
     for row, (sequence, outcome) in enumerate(zip(active, outcomes)):
-        if sizer is not None:
-            sizer.observe(_kind(sequence), row_trees[row], outcome.path)
+        if sequence.sizer is not None:
+            sequence.sizer.observe(_kind(sequence), row_trees[row], outcome.path)
         path_tokens = trees.tokens[row, outcome.path[1:]].tolist()
         sequence.request.proposer.observe(path_tokens)
         emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
@@ -195,34 +203,58 @@ def _step(
         sequence.stats.forward_s += forwarded_at - proposed_at
 
 
-def _admit(
-    target: Target, state: TargetState | None, newcomers: dict[int, _Sequence], config: DecodeConfig, stop_ids: set[int],
-    separately: bool,
-) -> TargetState:
-    """The batch with the newcomers' rows joined to it (prefilled apart from the running rows)."""
-    for sequence in newcomers.values():
-        sequence.request.proposer.start()
-    joining = _prefill(target, newcomers, config, stop_ids, separately)
-    return joining if state is None or not state.rows else target.join([state, joining])
+class RunningBatch:
+    """The rows decoding together: requests join between steps (prefilled apart from the running
+    rows, then their cache joined) and leave as they end. `decode_stream` drives one from an
+    iterable of requests; `engine.BatchingEngine` from callers on other threads."""
 
+    def __init__(self, target: Target, config: DecodeConfig, separate_prefill: bool = False) -> None:
+        self.target = target
+        self.config = config
+        self.separate_prefill = separate_prefill
+        self.stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
+        self.sequences: dict[int, _Sequence] = {}  # by batch key
+        self.state: TargetState | None = None
 
-def _finish(
-    target: Target, state: TargetState, sequences: dict[int, _Sequence], stop_ids: set[int]
-) -> list[tuple[int, DecodeResult]]:
-    """The rows that ended leave the batch (and `sequences`), as (request index, result); an ended
-    row that feeds another still decoding gives it its output as a draft (not a looping one: the
-    cut loop is no reading)."""
-    ended = [row for row in state.rows if sequences[row].stop_reason is not None]
-    if not ended:
-        return []
-    for row in ended:
-        request = sequences[row].request
-        if request.feeds in sequences and sequences[row].stop_reason != "repetition":
-            output = [token for token in sequences[row].tokens if token not in stop_ids]
-            sequences[request.feeds].request.proposer.add_drafts([output])
-    target.keep_rows(state, [i for i, row in enumerate(state.rows) if sequences[row].stop_reason is None])
-    finished = [sequences.pop(row) for row in ended]
-    return [(row, decode_result(target, s.tokens, s.stats, s.stop_reason)) for row, s in zip(ended, finished)]
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def admit(self, newcomers: dict[int, _Sequence]) -> list[tuple[int, DecodeResult]]:
+        """Prefill the newcomers (by batch key) and join their rows; the rows that ended at their
+        first token leave at once. A prefill that raises leaves the running rows as they were."""
+        for sequence in newcomers.values():
+            sequence.request.proposer.start()
+        joining = _prefill(self.target, newcomers, self.config, self.stop_ids, self.separate_prefill)
+        self.sequences |= newcomers
+        running = self.state is not None and self.state.rows
+        self.state = self.target.join([self.state, joining]) if running else joining
+        return self._finish()
+
+    def step(self) -> list[tuple[int, DecodeResult]]:
+        """One tree forward over every row; the rows that ended leave, as (batch key, result)."""
+        _step(self.target, self.state, [self.sequences[row] for row in self.state.rows], self.config, self.stop_ids)
+        return self._finish()
+
+    def _finish(self) -> list[tuple[int, DecodeResult]]:
+        """The rows that ended, or whose deadline passed, leave the batch; an ended row that feeds
+        another still decoding gives it its output as a draft (not a looping or unfinished one:
+        the cut loop is no reading)."""
+        now = monotonic()
+        for sequence in self.sequences.values():
+            deadline = sequence.request.deadline
+            if sequence.stop_reason is None and deadline is not None and now >= deadline:
+                sequence.stop_reason = "deadline"
+        ended = [row for row in self.state.rows if self.sequences[row].stop_reason is not None]
+        if not ended:
+            return []
+        for row in ended:
+            sequence = self.sequences[row]
+            if sequence.feeds in self.sequences and sequence.stop_reason in ("eos", "budget"):
+                output = [token for token in sequence.tokens if token not in self.stop_ids]
+                self.sequences[sequence.feeds].request.proposer.add_drafts([output])
+        self.target.keep_rows(self.state, [i for i, row in enumerate(self.state.rows) if self.sequences[row].stop_reason is None])
+        finished = [self.sequences.pop(row) for row in ended]
+        return [(row, decode_result(self.target, s.tokens, s.stats, s.stop_reason)) for row, s in zip(ended, finished)]
 
 
 def decode_stream(
@@ -237,21 +269,18 @@ def decode_stream(
     padding). A request that `feeds` another takes the other's index in `requests`. `sizer`: each
     step verifies only as many of each tree's nodes as it prices best (sizing.py); whole trees
     without one."""
-    stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
+    batch = RunningBatch(target, config, separate_prefill)
     waiting = enumerate(requests)
-    sequences: dict[int, _Sequence] = {}
-    state = None
     while True:
-        newcomers = {index: _Sequence(request) for index, request in islice(waiting, max_rows - len(sequences))}
+        newcomers = {
+            index: _Sequence(request, index, sizer, request.feeds) for index, request in islice(waiting, max_rows - len(batch))
+        }
         if newcomers:
-            sequences |= newcomers
-            state = _admit(target, state, newcomers, config, stop_ids, separate_prefill)
-            yield from _finish(target, state, sequences, stop_ids)  # a first token can end a row
-        elif not sequences:
+            yield from batch.admit(newcomers)
+        elif not batch:
             return
-        if sequences:
-            _step(target, state, [sequences[row] for row in state.rows], config, stop_ids, sizer)
-            yield from _finish(target, state, sequences, stop_ids)
+        if batch:
+            yield from batch.step()
 
 
 def decode_batch(

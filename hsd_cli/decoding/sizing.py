@@ -73,11 +73,16 @@ def deepest(parents: Sequence[int]) -> list[int]:
 
 class LoadSizer:
     """Chooses each step's tree width from `step_cost` and the acceptance learned so far.
-    `prompt_tokens`: a row's prompt length, for the context a step's forward attends over."""
+    `prompt_tokens`: a row's prompt length, for the context a step's forward attends over.
+    `batch_rows`: the rows each forward is priced at, as if all were like the rows sized (None:
+    the rows sized). A batch that other callers' rows share prices a fixed load, so that what a
+    row verifies, and its statistics, do not depend on which rows it happened to share forwards
+    with."""
 
-    def __init__(self, step_cost: StepCost, prompt_tokens: int = 0):
+    def __init__(self, step_cost: StepCost, prompt_tokens: int = 0, batch_rows: int | None = None):
         self.step_cost = step_cost
         self.prompt_tokens = prompt_tokens
+        self.batch_rows = batch_rows
         self._prices: dict[tuple[int, int, int], float] = {}
         self._counts: dict[tuple[str, int], _DepthCounts] = {}
         self._pooled: dict[str, _DepthCounts] = {}
@@ -110,10 +115,12 @@ class LoadSizer:
             return 1
         context = CONTEXT_STEP * round((self.prompt_tokens + sum(emitted) / rows) / CONTEXT_STEP)
         gains = [self.expected_accepted(kind, tree) for kind, tree in zip(kinds, trees)]
+        priced_rows = self.batch_rows or rows
         best_width, best_rate = 1, 0.0
         for width in range(1, widest + 1):
-            tokens = rows + sum(gain[min(width, len(gain)) - 1] for gain in gains)
-            rate = tokens / self._price(rows, width, context)
+            # Per row sized: the same argmax as the whole batch's rate when every row is like these.
+            tokens = (rows + sum(gain[min(width, len(gain)) - 1] for gain in gains)) / rows
+            rate = tokens / self._price(priced_rows, width, context)
             if rate > best_rate * (1 + 1e-9):
                 best_width, best_rate = width, rate
         return best_width

@@ -98,6 +98,9 @@ def drafted_page(drafted: Page, degraded_reason: str | None) -> Page:
 
 
 # Why the parent gave up on a page (worker.py), as a notice says it.
+# A page whose reading ran past --page-timeout: its rows left the model's batch.
+TIMED_OUT_WHY = "the page ran past --page-timeout and the model stopped reading it"
+
 LOST_PAGE_WHY = {
     PageFlag.TIMEOUT: "the page ran past --page-timeout and its worker was stopped",
     PageFlag.CRASH: "the worker died on this page twice",

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hsd_cli.decoding import DecodeRequest, decode_batch, make_proposer
+from hsd_cli.decoding import DecodeRequest, make_proposer
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.page import Page, Reading
 from hsd_cli.stages.dialect import page_drafts
@@ -38,9 +38,7 @@ def packed_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     region_rows = [
         DecodeRequest(crop, prompt, make_proposer(target, texts, match), feeds=0) for _, (crop, prompt, texts) in planned
     ]
-    packed, *region_results = decode_batch(
-        target, [page_row, *region_rows], model.decode_config, separate_prefill=True, sizer=model.sizer(page.picture)
-    )
+    packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.picture))
     results = tuple(region_result(block, result, settings) for (block, _), result in zip(planned, region_results, strict=True))
     # A page read again because its front matter says it is rotated (rare) is read as the page
     # stage reads it, with the region outputs in place of their blocks' drafts.

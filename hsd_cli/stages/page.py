@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeResult, DecodeStats, decode, decode_result, repetition_stop
+from hsd_cli.decoding import DecodeResult, DecodeStats, decode_result, repetition_stop
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.page import Reading
 from hsd_cli.stages.dialect import DIALECT_KEYS, split_front_matter
@@ -44,8 +44,7 @@ def page_stage(
     is rotated, the picture turned by the model's correction and read again."""
 
     def read(turned: Image.Image) -> DecodeResult:
-        return decode(model.target, turned, model.settings.page_prompt, drafts, model.decode_config,
-                      match=model.settings.draft_match, sizer=model.sizer(turned))
+        return model.decode(turned, model.settings.page_prompt, drafts)
 
     return upright_read(picture, settings, read, upright)
 
@@ -56,7 +55,7 @@ def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSetti
     config = model.decode_config
 
     def read(turned: Image.Image) -> DecodeResult:
-        tokens = model.target.generate_plainly(turned, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
+        tokens = model.generate_plainly(turned, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
         # After the prefill's token, one forward of one node per token: the shapes a profile prices.
         stats = DecodeStats(forwards=len(tokens), new_tokens=len(tokens), steps=[(1, 1, i) for i in range(1, len(tokens))])
         looped = config.repetition_guard and repetition_stop(tokens) == len(tokens)
@@ -100,7 +99,7 @@ def baseline_check(model: VlmModel, picture: Image.Image, read: Reading) -> Base
     run) without hsd's repetition guard, compared token by token with the page stage's output;
     where the guard stopped hsd's output, as far as it went."""
     config = model.decode_config
-    plain = model.target.generate_plainly(turned(picture, read.rotation), model.settings.page_prompt, config.max_new_tokens)
+    plain = model.generate_plainly(turned(picture, read.rotation), model.settings.page_prompt, config.max_new_tokens)
     tokens = read.result.tokens
     guard_cut = read.result.stop_reason == "repetition" and len(plain) > len(tokens)
     compared = plain[: len(tokens)] if guard_cut else plain

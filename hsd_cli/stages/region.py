@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeResult, decode_many
+from hsd_cli.decoding import DecodeRequest, DecodeResult, make_proposer
 from hsd_cli.models.settings import ModelSettings
 from hsd_cli.page import Page
 from hsd_cli.records import Block
@@ -53,8 +53,12 @@ def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     if not planned:
         return ()
     largest = max((crop for _, (crop, _, _) in planned), key=lambda crop: max(crop.size))
-    results = decode_many(
-        model.target, [item for _, item in planned], model.decode_config,
-        match=model.settings.draft_match, batch_size=REGION_BATCH, sizer=model.sizer(largest),
-    )
+    sizer = model.sizer(largest)  # one per page: its crops' acceptance is learned across batches
+    results: list[DecodeResult] = []
+    for start in range(0, len(planned), REGION_BATCH):
+        requests = [
+            DecodeRequest(crop, prompt, make_proposer(model.target, drafts, model.settings.draft_match))
+            for _, (crop, prompt, drafts) in planned[start : start + REGION_BATCH]
+        ]
+        results += model.decode_batch(requests, sizer=sizer)
     return tuple(region_result(block, result, settings) for (block, _), result in zip(planned, results, strict=True))

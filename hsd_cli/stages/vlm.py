@@ -3,13 +3,18 @@ model loaded once per worker."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from functools import cache
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeConfig, LoadSizer, UnsupportedTransformersError, check_cache_layout, load_target
+from hsd_cli.decoding import (
+    DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, UnsupportedTransformersError, check_cache_layout, decode_batch,
+    load_target, make_proposer,
+)
 from hsd_cli.decoding.target.families import adapter_for
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.profiles import Profile, load_profile, profile_name, square_side
@@ -23,10 +28,20 @@ class VlmOptions:
     trust_remote_code: bool = False
     max_new_tokens: int | None = None  # None: the family's setting
     baseline: bool = False  # also decode plainly, to measure the speedup
+    # Rows in flight: above 1, the pages that the worker's threads read at once share one batch.
+    max_rows: int = 1
     profile: str | None = None  # the cost profile `--stages auto` plans with (None: the stored one of this model, if any)
     # Does the model read this page? A replay model (a benchmark stand-in) recites only the pages it
     # was built on; `hsd convert` gives its check. None: the model reads any page.
     reads_page: Callable[[Image.Image], bool] | None = None
+
+
+class PageTimedOut(Exception):
+    """The page ran past its deadline (--page-timeout): its rows left the batch unfinished."""
+
+
+# Per thread (a page each): the time.monotonic() past which the page's reads stop, None: no limit.
+_page_deadline: ContextVar[float | None] = ContextVar("page_deadline", default=None)
 
 
 class ModelUnavailableError(RuntimeError):
@@ -102,14 +117,64 @@ class VlmModel:
         budget = options.max_new_tokens or self.settings.max_new_tokens
         self.decode_config = DecodeConfig(max_new_tokens=budget)
         self.profile = cost_profile(options, str(self.target.device), str(self.target.dtype).removeprefix("torch."))
+        self.engine = None
+        if options.max_rows > 1:
+            from hsd_cli.decoding.engine import BatchingEngine
+
+            self.engine = BatchingEngine(self.target, self.decode_config, max_rows=options.max_rows)
 
     def sizer(self, picture: Image.Image) -> LoadSizer | None:
         """With a cost profile, each step verifies as many draft nodes as the profile prices best
         (decoding/sizing.py), learning acceptance afresh per read so that a page's statistics do not
-        depend on the pages read before it; without one, whole trees."""
+        depend on the pages read before it; without one, whole trees. Rows that share the batch
+        with other pages' are priced at the full batch, --max-rows: the load a busy worker runs
+        at, and one that does not depend on which pages happen to be in flight."""
         if self.profile is None:
             return None
-        return LoadSizer(self.profile.step_s, prompt_tokens=self.profile.prefill_tokens(square_side(*picture.size)))
+        prompt_tokens = self.profile.prefill_tokens(square_side(*picture.size))
+        return LoadSizer(self.profile.step_s, prompt_tokens, batch_rows=self.options.max_rows if self.engine else None)
+
+    @contextmanager
+    def page_deadline(self, deadline: float | None) -> Iterator[None]:
+        """The reads of this thread's page stop at `deadline` (time.monotonic(); None: no limit)."""
+        token = _page_deadline.set(deadline)
+        try:
+            yield
+        finally:
+            _page_deadline.reset(token)
+
+    def decode_batch(
+        self, requests: Sequence[DecodeRequest], *, separate_prefill: bool = False, sizer: LoadSizer | None = None,
+    ) -> list[DecodeResult]:
+        """The requests decoded together: in the worker's shared batch when there is one (the
+        thread gives the other pages' threads their turn while it waits), else on their own.
+        Raises PageTimedOut where the page's deadline stopped them."""
+        deadline = _page_deadline.get()
+        requests = [replace(request, deadline=deadline) for request in requests]
+        if self.engine is None:
+            results = decode_batch(self.target, requests, self.decode_config, separate_prefill=separate_prefill, sizer=sizer)
+        else:
+            with self.waiting():
+                results = self.engine.decode_batch(requests, sizer=sizer)
+        if any(result.stop_reason == "deadline" for result in results):
+            raise PageTimedOut
+        return results
+
+    def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult:
+        """One picture read, verifying `drafts` (matched as the family's settings say)."""
+        proposer = make_proposer(self.target, drafts, self.settings.draft_match)
+        return self.decode_batch([DecodeRequest(picture, prompt, proposer)], sizer=self.sizer(picture))[0]
+
+    def generate_plainly(self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False) -> list[int]:
+        """transformers' own generate, with the model to itself between the shared batch's steps."""
+        if self.engine is None:
+            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
+        with self.waiting(), self.engine.exclusive():
+            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
+
+    def waiting(self):
+        """While this thread waits for the model, the worker's other page threads run."""
+        return nullcontext()
 
     def outside_replay_set(self, picture: Image.Image) -> bool:
         """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""
