@@ -160,6 +160,9 @@ def convert(
     max_docs_per_worker: Annotated[
         int, typer.Option(envvar=_env("max_docs_per_worker"), help="Replace the worker process after this many documents.")
     ] = 50,
+    max_rows: Annotated[
+        int, typer.Option(envvar=_env("max_rows"), help="Rows the model keeps in flight: with a model, this many documents share one worker process and the model's forwards (local executor).")
+    ] = 1,
     executor: Annotated[
         Executor,
         typer.Option(envvar=_env("executor"), help="Run documents in local worker processes or on a Ray cluster (pip install 'hsd-cli\\[ray]'; OUT must be a path every node sees)."),
@@ -226,6 +229,7 @@ def convert(
             doc_timeout=doc_timeout,
             max_page_error_rate=max_page_error_rate,
             max_docs_per_worker=max_docs_per_worker,
+            max_rows=max_rows,
             executor=executor,
             ray_address=ray_address,
             gpus_per_worker=gpus_per_worker,

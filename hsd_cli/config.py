@@ -125,6 +125,9 @@ class RunConfig:
     doc_timeout: float = 0.0
     max_page_error_rate: float = 0.2
     max_docs_per_worker: int = 50
+    # Rows the model keeps in flight: documents in flight in one local worker process when a
+    # model runs (runner.documents_in_flight), so that their pages share the model's forwards.
+    max_rows: int = 1
     executor: Executor = Executor.LOCAL
     ray_address: str | None = None  # None: RAY_ADDRESS, else a Ray instance started for the run
     gpus_per_worker: float = 0.0  # Ray: GPUs each worker actor claims (0 = a CPU worker)
@@ -142,6 +145,10 @@ class RunConfig:
             raise UsageError(f"--max-page-error-rate must be within 0..1, got {self.max_page_error_rate}")
         if self.max_docs_per_worker < 1:
             raise UsageError("--max-docs-per-worker must be at least 1")
+        if self.max_rows < 1:
+            raise UsageError(f"--max-rows must be at least 1, got {self.max_rows}")
+        if self.max_rows > 1 and self.executor is Executor.RAY:
+            raise UsageError("--max-rows above 1 needs --executor local: a Ray actor converts one document at a time")
 
 
 def parse_shard(spec: str) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """Documents on a Ray cluster (`--executor ray`): one worker actor per slot, driven like a local
-worker process.
+worker process, one document at a time (`--max-rows` above 1 is refused with Ray: config.RunConfig).
 
 The driver keeps everything a run guarantees (the manifest, the lock, deadlines, resume): an
 actor only converts the document it is sent, writing its outputs and page checkpoints to OUT,
@@ -69,7 +69,7 @@ class DocumentActor:
 
         def work() -> None:
             try:
-                events.put(("doc_done", run_document(task, lambda name, payload: events.put((name, payload)))))
+                run_document(task, lambda name, payload: events.put((name, payload)))
             except BaseException as exc:  # noqa: BLE001 - e.g. the worker cannot import the pipeline
                 events.put(("worker_error", exc))
 
@@ -113,6 +113,7 @@ class RayWorker:
         self.documents = 0
 
     def submit(self, task: DocumentTask) -> None:
+        self.documents += 1
         self.stream = self.actor.convert.remote(task)
 
     def next_event(self, timeout: float) -> tuple[str, Any] | None:

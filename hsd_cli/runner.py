@@ -24,11 +24,12 @@ from rich.table import Table
 from hsd_cli import __version__
 from hsd_cli.config import ConvertConfig, Executor, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
+from hsd_cli.local_executor import LocalExecutor
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256
+from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model
 from hsd_cli.records import DocStatus
 from hsd_cli.stats import DecodingTotals
-from hsd_cli.worker import Limits, ProcessWorker, Worker, WorkerPool, peak_rss_mib
+from hsd_cli.worker import Limits, WorkerPool, peak_rss_mib
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -198,21 +199,15 @@ def _manifest_record(
     }
 
 
-class LocalExecutor:
-    """Worker processes on this machine: one at a time (each uses every core)."""
-
-    slots = 1
-
-    def start_worker(self) -> Worker:
-        return ProcessWorker()
-
-    def close(self) -> None:
-        pass
+def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
+    """Documents a local worker process converts at once: --max-rows where a model reads the pages
+    (their rows share its forwards), else one (without a model nothing overlaps: pipeline_lock)."""
+    return run.max_rows if runs_model(config) else 1
 
 
 def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayExecutor:
     if run.executor is Executor.LOCAL:
-        return LocalExecutor()
+        return LocalExecutor(documents_in_flight(config, run), run.max_docs_per_worker)
     from hsd_cli.ray_executor import RayExecutor  # imports ray: only when asked for
 
     return RayExecutor.connect(run.ray_address, run.gpus_per_worker, config.output_dir)
@@ -261,6 +256,7 @@ class BatchRun:
             max_page_error_rate=self.run.max_page_error_rate,
             page_timeout=self.run.page_timeout,
             reads_page=self.reads_page,
+            max_rows=self.run.max_rows,
         )
         self.events.emit("doc_started", input=str(doc.path))
         outcome = pool.convert(task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload))

@@ -38,6 +38,7 @@ class DocumentTask:
     page_timeout: float = 0.0  # seconds a page may take (0: none); the planner leaves a page it predicts far over to its draft
     lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
     reads_page: Callable[[Image.Image], bool] | None = None  # a replay model's pages (VlmOptions.reads_page)
+    max_rows: int = 1  # rows the worker's model keeps in flight (--max-rows)
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,15 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def vlm_options(config: ConvertConfig, reads_page: Callable[[Image.Image], bool] | None = None) -> VlmOptions | None:
-    if config.model is None or config.stages is Stages.DRAFT:
+def runs_model(config: ConvertConfig) -> bool:
+    """Whether a VLM reads the pages (a model named, and stages beyond the draft)."""
+    return config.model is not None and config.stages is not Stages.DRAFT
+
+
+def vlm_options(
+    config: ConvertConfig, reads_page: Callable[[Image.Image], bool] | None = None, max_rows: int = 1,
+) -> VlmOptions | None:
+    if not runs_model(config):
         return None
     from hsd_cli.stages.vlm import VlmOptions  # imports torch: only when a VLM will run
 
@@ -84,6 +92,7 @@ def vlm_options(config: ConvertConfig, reads_page: Callable[[Image.Image], bool]
         baseline=config.baseline,
         profile=config.profile,
         reads_page=reads_page,
+        max_rows=max_rows,
     )
 
 

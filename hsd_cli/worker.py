@@ -4,15 +4,12 @@ The parent enforces the page and document timeouts: a worker stuck in a page (a 
 a native library that hangs) is killed, the page is marked lost, and a fresh worker resumes the
 document from its page checkpoints. A worker that dies is replaced the same way; the page it was
 on is tried once more before it is marked lost, since the death may be the machine's, not the page's.
+A local worker process may serve several documents at once (local_executor, --max-rows): a page
+stopped there stops the others' work too, and they resume on the fresh process without blame.
 """
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
-import os
-import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -20,20 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from hsd_cli.pipeline_lock import holding
 from hsd_cli.records import DocStatus
 from hsd_cli.tasks import DocumentOutcome, DocumentTask
-
-_CONTEXT = multiprocessing.get_context("spawn")  # no forked torch/onnxruntime thread state
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this worker when the parent dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _reset_peak_rss() -> None:
@@ -57,84 +43,61 @@ def peak_rss_mib() -> int | None:
     return None
 
 
-def run_document(task: DocumentTask, emit: Callable[[str, dict[str, Any]], None]) -> DocumentOutcome:
-    """One document in a worker (a local process or a Ray actor), with the worker's peak memory."""
+def run_document(task: DocumentTask, emit: Callable[[str, Any], None], alone: bool = True) -> None:
+    """One document in a worker (a local process or a Ray actor): its events, ending with
+    ("doc_done", outcome) with the worker's peak memory since the document started, or since the
+    process last started one alone (`alone` False: other documents are in flight in the process,
+    whose counts a reset would cut short).
+
+    The document's thread holds the pipeline lock (pipeline_lock) for all its work, its doc_done
+    included: a process that dies once the lock has passed on cannot take this document's outcome
+    with it. "doc_waiting", "doc_running" and "doc_model" tell the parent what the document's
+    thread does (pipeline_lock): waits for another document in its process (from its arrival where
+    it is not alone), runs its pipeline, or waits for the model."""
+    if not alone:
+        emit("doc_waiting", {})
     # Imported here, in the worker only: the models and their libraries stay out of the parent.
     from hsd_cli.pipeline import process_document
 
-    _reset_peak_rss()
-    outcome = process_document(task, emit)
-    return replace(outcome, peak_rss_mib=peak_rss_mib())
-
-
-def _worker_main(tasks: Any, events: Any) -> None:
-    _die_with_parent()
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no weight-loading bars in batch logs
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-    def emit(name: str, payload: dict[str, Any]) -> None:
-        events.send((name, payload))
-
-    while (task := tasks.get()) is not None:
-        events.send(("doc_done", run_document(task, emit)))
+    with holding(lambda state: emit(f"doc_{state}", {}), waiting=not alone):
+        if alone:
+            _reset_peak_rss()
+        outcome = process_document(task, emit)
+        emit("doc_done", replace(outcome, peak_rss_mib=peak_rss_mib()))
 
 
 class Worker(Protocol):
     """What the parent drives: one document at a time; its progress events end with
     ("doc_done", DocumentOutcome)."""
 
-    documents: int
+    documents: int  # documents submitted to the worker's process (or actor) so far, resends included
 
     def submit(self, task: DocumentTask) -> None: ...
 
     def next_event(self, timeout: float) -> tuple[str, Any] | None: ...
 
     def lost(self) -> str | None:
-        """Why the worker is gone (a crash, a killed actor), or None while it runs."""
+        """Why the worker is gone (a crash, a killed actor, RESTARTED), or None while it runs."""
 
     def kill(self) -> None: ...
 
     def stop(self) -> None: ...
 
 
-class ProcessWorker:
-    """A worker process on this machine."""
+# What `lost()` says of a worker whose process the parent stopped for another document in it (a
+# page or document timeout there): this document is resent and resumes from its checkpoints, and
+# no death counts against its page.
+RESTARTED = "restarted (its process was stopped for another document)"
+# ... and of one whose process died of another document's work (local_executor blames a crash).
+CRASHED_ELSEWHERE = "restarted (its process died of another document's work)"
+# The events that say what a document's thread does (pipeline_lock's states).
+DOCUMENT_STATES = ("doc_waiting", "doc_running", "doc_model")
 
-    def __init__(self) -> None:
-        self.tasks = _CONTEXT.Queue()
-        # Events go through a pipe, written before the worker goes on: a queue's feeder thread
-        # could still hold the last ones when the worker dies, and the parent would blame the
-        # wrong page.
-        self.events, sender = _CONTEXT.Pipe(duplex=False)
-        self.process = _CONTEXT.Process(target=_worker_main, args=(self.tasks, sender), daemon=True)
-        self.process.start()
-        sender.close()
-        self.documents = 0
 
-    def submit(self, task: DocumentTask) -> None:
-        self.tasks.put(task)
-
-    def next_event(self, timeout: float) -> tuple[str, Any] | None:
-        try:
-            return self.events.recv() if self.events.poll(timeout) else None
-        except EOFError:  # the worker is gone; lost() says why
-            return None
-
-    def lost(self) -> str | None:
-        return None if self.process.is_alive() else f"crash (exit code {self.process.exitcode})"
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join(5)
-        self.tasks.cancel_join_thread()
-        self.tasks.close()
-        self.events.close()
-
-    def stop(self) -> None:
-        self.tasks.put(None)
-        self.process.join(10)
-        if self.process.is_alive():
-            self.kill()
+# The worker stops a page's model reads at --page-timeout itself (its draft stands in); the parent
+# kills the worker only where the page is still not done this much later (a stuck draft stage, a
+# forward that never returns).
+PAGE_KILL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +105,7 @@ class Limits:
     page_timeout: float  # seconds per page; 0 = none
     doc_timeout: float  # seconds per document; 0 = none
     max_docs_per_worker: int
+    page_kill_grace_s: float = PAGE_KILL_GRACE_S
 
 
 # (event name, payload) -> None; the parent's view of progress (for --events and the display).
@@ -168,7 +132,8 @@ class RunCancelled(Exception):
 
 class WorkerPool:
     """One worker at a time, replaced when killed, crashed or due for recycling; several pools run
-    side by side when the executor has room for several workers."""
+    side by side when the executor has room for several documents at once (Ray actors, or
+    channels onto one local process: local_executor)."""
 
     def __init__(self, limits: Limits, start_worker: Callable[[], Worker], cancelled: threading.Event) -> None:
         self.limits = limits
@@ -210,32 +175,43 @@ class WorkerPool:
         deaths: Counter[int | None] = Counter()  # worker deaths per page in flight (None: outside any)
         while True:
             worker = self._ready_worker()
-            worker.documents += 1
             worker.submit(replace(task, lost_pages=lost_pages))
             current_page: int | None = None
             page_deadline = float("inf")
+            # Since when the document waits for another in its process (None: it is at work). Its
+            # clocks stop meanwhile: the wait is the other document's time, not its own.
+            waiting_since: float | None = None
             while True:
                 if self.cancelled.is_set():
                     self.abort()
                     raise RunCancelled
                 now = time.monotonic()
-                event = worker.next_event(max(0.05, min(1.0, min(doc_deadline, page_deadline) - now)))
+                clock = 1.0 if waiting_since is not None else min(doc_deadline, page_deadline) - now
+                event = worker.next_event(max(0.05, min(1.0, clock)))
                 now = time.monotonic()
                 if event is not None:
                     name, payload = event
                     if name == "doc_done":
                         return payload
+                    if name in DOCUMENT_STATES:  # for the clocks and the blame of a crash, not progress
+                        if name == "doc_waiting" and waiting_since is None:
+                            waiting_since = now
+                        elif name == "doc_running" and waiting_since is not None:
+                            doc_deadline += now - waiting_since
+                            page_deadline += now - waiting_since
+                            waiting_since = None
+                        continue
                     progress(name, payload)
                     if name == "page_started":
                         current_page = payload["page"]
                         if self.limits.page_timeout:
-                            page_deadline = now + self.limits.page_timeout
+                            page_deadline = now + self.limits.page_timeout + self.limits.page_kill_grace_s
                     elif name == "page_done":
                         current_page, page_deadline = None, float("inf")
                     continue
-                if now >= doc_deadline:
+                if waiting_since is None and now >= doc_deadline:
                     return given_up(DocStatus.TIMEOUT, f"stopped after --doc-timeout {self.limits.doc_timeout:g}s")
-                if now >= page_deadline:
+                if waiting_since is None and now >= page_deadline:
                     self.abort()
                     progress("page_lost", {"page": current_page, "reason": "timeout"})
                     lost_pages[current_page] = "timeout"
@@ -244,6 +220,10 @@ class WorkerPool:
                 if death is None:
                     continue
                 self.abort()
+                if death in (RESTARTED, CRASHED_ELSEWHERE):
+                    # Not this document's doing: no death counts against its page.
+                    progress("worker_lost", {"page": current_page, "reason": death})
+                    break  # resend: a fresh worker resumes from the checkpoints
                 deaths[current_page] += 1
                 if deaths[current_page] < DEATHS_ALLOWED:
                     progress("worker_lost", {"page": current_page, "reason": death})

@@ -4,7 +4,7 @@ model loaded once per worker."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from functools import cache
@@ -17,6 +17,7 @@ from hsd_cli.decoding import (
 )
 from hsd_cli.decoding.target.families import adapter_for
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
+from hsd_cli.pipeline_lock import released, waited_s
 from hsd_cli.profiles import Profile, load_profile, profile_name, square_side
 
 
@@ -40,8 +41,9 @@ class PageTimedOut(Exception):
     """The page ran past its deadline (--page-timeout): its rows left the batch unfinished."""
 
 
-# Per thread (a page each): the time.monotonic() past which the page's reads stop, None: no limit.
-_page_deadline: ContextVar[float | None] = ContextVar("page_deadline", default=None)
+# Per thread (a page each): the time.monotonic() past which the page's reads stop (None: no limit),
+# and the thread's seconds waited for other documents' turns by then (the deadline moves by more).
+_page_deadline: ContextVar[tuple[float | None, float]] = ContextVar("page_deadline", default=(None, 0.0))
 
 
 class ModelUnavailableError(RuntimeError):
@@ -137,7 +139,7 @@ class VlmModel:
     @contextmanager
     def page_deadline(self, deadline: float | None) -> Iterator[None]:
         """The reads of this thread's page stop at `deadline` (time.monotonic(); None: no limit)."""
-        token = _page_deadline.set(deadline)
+        token = _page_deadline.set((deadline, waited_s()))
         try:
             yield
         finally:
@@ -147,14 +149,16 @@ class VlmModel:
         self, requests: Sequence[DecodeRequest], *, separate_prefill: bool = False, sizer: LoadSizer | None = None,
     ) -> list[DecodeResult]:
         """The requests decoded together: in the worker's shared batch when there is one (the
-        thread gives the other pages' threads their turn while it waits), else on their own.
+        thread lets the other documents' threads run their pipeline while it waits), else on their own.
         Raises PageTimedOut where the page's deadline stopped them."""
-        deadline = _page_deadline.get()
+        deadline, waited_before = _page_deadline.get()
+        if deadline is not None:
+            deadline += waited_s() - waited_before
         requests = [replace(request, deadline=deadline) for request in requests]
         if self.engine is None:
             results = decode_batch(self.target, requests, self.decode_config, separate_prefill=separate_prefill, sizer=sizer)
         else:
-            with self.waiting():
+            with released():
                 results = self.engine.decode_batch(requests, sizer=sizer)
         if any(result.stop_reason == "deadline" for result in results):
             raise PageTimedOut
@@ -169,12 +173,8 @@ class VlmModel:
         """transformers' own generate, with the model to itself between the shared batch's steps."""
         if self.engine is None:
             return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
-        with self.waiting(), self.engine.exclusive():
+        with released(), self.engine.exclusive():
             return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
-
-    def waiting(self):
-        """While this thread waits for the model, the worker's other page threads run."""
-        return nullcontext()
 
     def outside_replay_set(self, picture: Image.Image) -> bool:
         """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""
