@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
-from .repetition import RepetitionLoop, find_repetition, repetition_stop_after
+from .repetition import RepetitionGuard, RepetitionLoop, find_repetition
 from .sizing import LoadSizer
 from .stats import DecodeStats
 from .timing import wait_for
@@ -100,6 +100,7 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     stop_reason: str | None = None
+    guard: RepetitionGuard = field(default_factory=RepetitionGuard)
 
     def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
         """Append tokens up to and including the first that ends the output (a stop token, the
@@ -117,7 +118,7 @@ class _Sequence:
                 self.stop_reason = "budget"
             if self.stop_reason is not None:
                 break
-        loop_stop = repetition_stop_after(self.tokens, checked) if config.repetition_guard else None
+        loop_stop = self.guard.stop_after(self.tokens) if config.repetition_guard else None
         if loop_stop is not None:
             del self.tokens[loop_stop:]
             self.stop_reason = "repetition"
@@ -189,13 +190,14 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
     forwarded_at = perf_counter()
     outcomes = _verify(active, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])
-    for row, (sequence, outcome) in enumerate(zip(active, outcomes)):
+    # Each row's accepted tokens are read from its own tree (Python tuples), not from the batch's tensors.
+    for sequence, tree, outcome in zip(active, row_trees, outcomes):
         if sequence.sizer is not None:
-            sequence.sizer.observe(_kind(sequence), row_trees[row], outcome.path)
-        path_tokens = trees.tokens[row, outcome.path[1:]].tolist()
+            sequence.sizer.observe(_kind(sequence), tree, outcome.path)
+        path_tokens = [tree.tokens[node] for node in outcome.path[1:]]
         sequence.request.proposer.observe(path_tokens)
         emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
-        sequence.stats.record_step(int(trees.valid[row].sum()) - 1, outcome.accepted, emitted, len(active), trees.width)
+        sequence.stats.record_step(len(tree) - 1, outcome.accepted, emitted, len(active), trees.width)
     finished_at = perf_counter()
     for sequence in active:
         sequence.stats.propose_s += proposed_at - start

@@ -79,15 +79,6 @@ class Continuation:
     source: Source = None  # where tokens[0] sits in the drafts
 
 
-@dataclass
-class _TrieNode:
-    token: int
-    score: int  # the best score among the continuations passing through this node
-    source: Source
-    count: int = 0
-    children: dict[int, _TrieNode] | None = None
-
-
 def build_trie(root: int, continuations: Sequence[Continuation], budget: int) -> tuple[TokenTree, list[Source]]:
     """Trie of continuations flattened best-first within `budget` draft nodes; returns the tree
     (its evidence the best score) and, per node, the draft position its token came from (the best
@@ -96,36 +87,39 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
     Best-first (by score, then how many continuations share the node) instead of plain
     breadth-first: with a common root token the first level is wide, and a breadth-first cut
     would spend the whole budget there instead of going deep on the best-matching draft.
-    Parents are always emitted before their children.
+    Parents are always emitted before their children. A node's children are grouped only when
+    the node is taken, so the work follows the budget, not the continuations' length: a node is
+    the continuations through it (best first), its score and source the first one's.
     """
-    top = _TrieNode(root, score=1 << 30, source=None)
-    for item in sorted(continuations, key=lambda c: -c.score):
-        node = top
-        for offset, token in enumerate(item.tokens):
-            node.children = node.children if node.children is not None else {}
-            child = node.children.get(token)
-            if child is None:
-                source = None if item.source is None else (item.source[0], item.source[1] + offset)
-                child = node.children[token] = _TrieNode(token, item.score, source)
-            child.count += 1
-            node = child
+    ranked = sorted(continuations, key=lambda c: -c.score)
     tokens, parents, sources = [root], [-1], [None]
-    frontier: list[tuple[int, int, int, int, _TrieNode]] = []
-    serial = 0  # unique tie-breaker so nodes themselves are never compared
+    # (-score, -continuations through it, serial, parent's index, token, those continuations, depth)
+    frontier: list[tuple[int, int, int, int, int, list[Continuation], int]] = []
+    serial = 0  # unique tie-breaker so entries are never compared past it
 
-    def push_children(node: _TrieNode, index: int) -> None:
+    def push_children(through: list[Continuation], depth: int, index: int) -> None:
         nonlocal serial
-        for child in (node.children or {}).values():
-            heapq.heappush(frontier, (-child.score, -child.count, serial, index, child))
+        if len(through) == 1:  # most nodes: one continuation, one child (no grouping)
+            if depth < len(through[0].tokens):
+                heapq.heappush(frontier, (-through[0].score, -1, serial, index, through[0].tokens[depth], through, depth + 1))
+                serial += 1
+            return
+        children: dict[int, list[Continuation]] = {}
+        for item in through:
+            if depth < len(item.tokens):
+                children.setdefault(item.tokens[depth], []).append(item)
+        for token, sharing in children.items():
+            heapq.heappush(frontier, (-sharing[0].score, -len(sharing), serial, index, token, sharing, depth + 1))
             serial += 1
 
-    push_children(top, 0)
+    push_children(ranked, 0, 0)
     while frontier and len(tokens) <= budget:
-        _, _, _, parent_index, node = heapq.heappop(frontier)
-        tokens.append(node.token)
+        _, _, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
+        best = sharing[0].source
+        tokens.append(token)
         parents.append(parent_index)
-        sources.append(node.source)
-        push_children(node, len(tokens) - 1)
+        sources.append(None if best is None else (best[0], best[1] + depth - 1))
+        push_children(sharing, depth, len(tokens) - 1)
     return TokenTree(tuple(tokens), tuple(parents), max((c.score for c in continuations), default=0)), sources
 
 

@@ -84,3 +84,30 @@ def repetition_stop_after(tokens: Sequence[int], checked: int) -> int | None:
     offset = max(0, checked + 1 - REPETITION_SPAN)
     loop = find_repetition(tokens[offset:], checked=checked - offset)
     return None if loop is None else offset + loop.stop
+
+
+class RepetitionGuard:
+    """`repetition_stop_after` for one output as it grows, each call looking at the tokens added
+    since the last. A loop that ends at a token needs each of the REPETITION_SPAN -
+    REPETITION_MAX_UNIT tokens up to it to recur among the REPETITION_MAX_UNIT before it (its
+    unit's previous copy holds it), so the guard keeps that streak (a dict look-up a token) and
+    looks at the windows only where it is long enough: past REPETITION_SPAN tokens the windows
+    cost a row 0.15-0.4 ms a step."""
+
+    def __init__(self) -> None:
+        self.checked = 0  # tokens looked at so far
+        self.streak = 0  # of those, how many last ones in a row each recur among the REPETITION_MAX_UNIT before it
+        self.last_seen: dict[int, int] = {}  # token -> the index it was last looked at
+
+    def stop_after(self, tokens: Sequence[int]) -> int | None:
+        """`repetition_stop_after(tokens, checked)`, `checked` being the tokens of the last call."""
+        checked, loop_possible = self.checked, False
+        never = -REPETITION_MAX_UNIT - 1  # recurs at no index
+        for index in range(checked, len(tokens)):
+            token = tokens[index]
+            recurs = self.last_seen.get(token, never) >= index - REPETITION_MAX_UNIT
+            self.last_seen[token] = index
+            self.streak = self.streak + 1 if recurs else 0
+            loop_possible = loop_possible or self.streak >= REPETITION_SPAN - REPETITION_MAX_UNIT
+        self.checked = len(tokens)
+        return repetition_stop_after(tokens, checked) if loop_possible else None

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .tree import TokenTree
 
 StepCost = Callable[[int, int, int], float]  # (rows, nodes per row, context per row) -> seconds
@@ -39,21 +41,13 @@ class _DepthCounts:
     reached: list[int] = field(default_factory=lambda: [0] * (MAX_DEPTH + 1))
 
 
-def _children(parents: Sequence[int]) -> list[list[int]]:
-    children: list[list[int]] = [[] for _ in parents]
-    for node, parent in enumerate(parents):
-        if parent >= 0:
-            children[parent].append(node)
-    return children
-
-
 def depth_outcomes(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, bool]]:
     """(depth, reached) for every depth the accepted `path` (node indices from the root) was
     offered: depth d was offered where the path's node at depth d - 1 has a child in the tree."""
-    children = _children(parents)
+    with_children = set(parents)
     outcomes = []
     for depth in range(1, len(path) + 1):
-        if not children[path[depth - 1]]:
+        if path[depth - 1] not in with_children:
             break
         outcomes.append((depth, depth < len(path)))
     return outcomes
@@ -61,12 +55,12 @@ def depth_outcomes(parents: Sequence[int], path: Sequence[int]) -> list[tuple[in
 
 def deepest(parents: Sequence[int]) -> list[int]:
     """For n = 0 .. len - 1: the greatest depth among the tree's first n + 1 nodes."""
-    depths = [0] * len(parents)
+    depths: list[int] = []
     running, result = 0, []
-    for node, parent in enumerate(parents):
-        if parent >= 0:
-            depths[node] = depths[parent] + 1
-        running = max(running, depths[node])
+    for parent in parents:
+        depth = depths[parent] + 1 if parent >= 0 else 0
+        depths.append(depth)
+        running = depth if depth > running else running
         result.append(running)
     return result
 
@@ -98,14 +92,35 @@ class LoadSizer:
             return prior
         return (own.reached[d] + POOL_WEIGHT * prior) / (own.tried[d] + POOL_WEIGHT)
 
+    def _along(self, kind: str, evidence: int, depth: int) -> list[float]:
+        """E[accepted draft tokens] of a path verified down to depth d, d = 0 .. `depth`."""
+        along, reach = [0.0], 1.0
+        for d in range(1, depth + 1):
+            reach *= self._reach(kind, evidence, d)
+            along.append(along[-1] + reach)
+        return along
+
     def expected_accepted(self, kind: str, tree: TokenTree) -> list[float]:
         """E[accepted draft tokens] when verifying the tree's first n draft nodes, n = 0 .. len - 1."""
-        along = [0.0]
-        reach = 1.0
-        for depth in range(1, max(deepest(tree.parents)) + 1):
-            reach *= self._reach(kind, tree.evidence, depth)
-            along.append(along[-1] + reach)
-        return [along[depth] for depth in deepest(tree.parents)]
+        reached = deepest(tree.parents)
+        along = self._along(kind, tree.evidence, reached[-1])
+        return [along[depth] for depth in reached]
+
+    def _gains(self, kinds: Sequence[str], trees: Sequence[TokenTree], widest: int) -> np.ndarray:
+        """(rows, widest): row r's `expected_accepted` at width w - 1 in column w - 1, its last
+        value past its tree's end. Rows of one kind and evidence share one estimate along depths."""
+        reached = [deepest(tree.parents) for tree in trees]
+        depth_needed: dict[tuple[str, int], int] = {}
+        for kind, tree, depths in zip(kinds, trees, reached):
+            key = (kind, tree.evidence)
+            depth_needed[key] = max(depth_needed.get(key, 0), depths[-1])
+        along = {key: self._along(*key, depth) for key, depth in depth_needed.items()}
+        flat: list[float] = []
+        for kind, tree, depths in zip(kinds, trees, reached):
+            estimate = along[kind, tree.evidence]
+            flat += [estimate[depth] for depth in depths]
+            flat += [estimate[depths[-1]]] * (widest - len(depths))
+        return np.array(flat).reshape(len(trees), widest)
 
     def width(self, kinds: Sequence[str], trees: Sequence[TokenTree], emitted: Sequence[int]) -> int:
         """The tree width (root included) for this step's rows."""
@@ -114,12 +129,12 @@ class LoadSizer:
         if widest == 1:
             return 1
         context = CONTEXT_STEP * round((self.prompt_tokens + sum(emitted) / rows) / CONTEXT_STEP)
-        gains = [self.expected_accepted(kind, tree) for kind, tree in zip(kinds, trees)]
         priced_rows = self.batch_rows or rows
+        # Per row sized: the same argmax as the whole batch's rate when every row is like these.
+        # Gains summed over rows in row order (cumsum adds one after another, as a Python sum would).
+        expected_tokens = (rows + np.cumsum(self._gains(kinds, trees, widest), axis=0)[-1]) / rows
         best_width, best_rate = 1, 0.0
-        for width in range(1, widest + 1):
-            # Per row sized: the same argmax as the whole batch's rate when every row is like these.
-            tokens = (rows + sum(gain[min(width, len(gain)) - 1] for gain in gains)) / rows
+        for width, tokens in enumerate(expected_tokens.tolist(), start=1):
             rate = tokens / self._price(priced_rows, width, context)
             if rate > best_rate * (1 + 1e-9):
                 best_width, best_rate = width, rate
@@ -133,8 +148,9 @@ class LoadSizer:
 
     def observe(self, kind: str, tree: TokenTree, path: Sequence[int]) -> None:
         """Learn from a verified tree (as cut) and its accepted path (node indices, root first)."""
+        outcomes = depth_outcomes(tree.parents, path)
         for counts in (self._counts.setdefault((kind, tree.evidence), _DepthCounts()), self._pooled.setdefault(kind, _DepthCounts())):
-            for depth, reached in depth_outcomes(tree.parents, path):
+            for depth, reached in outcomes:
                 d = min(depth, MAX_DEPTH)
                 counts.tried[d] += 1
                 counts.reached[d] += reached

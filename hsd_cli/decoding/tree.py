@@ -7,6 +7,7 @@ children (parents[i] < i), which lets the layout be built in one forward sweep.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,8 @@ class TokenTree:
     def __post_init__(self):
         if len(self.tokens) != len(self.parents) or not self.tokens:
             raise ValueError("a tree needs one parent per token and at least the root")
-        if self.parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(self.parents) if i):
+        # Nodes past the root checked one by one only where there are some: every plain row's tree is a root alone.
+        if self.parents[0] != -1 or len(self.parents) > 1 and any(not 0 <= p < i for i, p in enumerate(self.parents) if i):
             raise ValueError(f"parents must be -1 for the root and point backwards: {self.parents}")
 
     @classmethod
@@ -51,12 +53,28 @@ def tree_layout(parents: Sequence[int]) -> TreeLayout:
     size = len(parents)
     if all(parent == node - 1 for node, parent in enumerate(parents)):  # a chain: lower triangle
         return TreeLayout(np.tril(np.ones((size, size), dtype=bool)), np.arange(size, dtype=np.int64))
-    ancestors = np.zeros((size, size), dtype=bool)
-    for node, parent in enumerate(parents):
-        if parent >= 0:
-            ancestors[node] = ancestors[parent]
-        ancestors[node, node] = True
+    ancestors = bit_rows(ancestor_bits(parents), size)
     return TreeLayout(ancestors, ancestors.sum(1).astype(np.int64) - 1)
+
+
+def ancestor_bits(parents: Sequence[int]) -> list[int]:
+    """Per node, the node and its ancestors as the set bits of an int (bit j: node j): a few
+    integer operations a node, where a mask row costs a numpy call."""
+    bits: list[int] = []
+    for node, parent in enumerate(parents):
+        bits.append((bits[parent] if parent >= 0 else 0) | 1 << node)
+    return bits
+
+
+def bit_rows(bits: Sequence[int], width: int) -> np.ndarray:
+    """(len(bits), width) bool: row i holds bit j of bits[i] in column j."""
+    if width <= 64:  # one array of machine words, not a bytes object per row
+        packed = np.array(bits, dtype="<u8").view(np.uint8).reshape(len(bits), 8)
+    else:
+        row_bytes = (width + 7) // 8
+        packed = np.frombuffer(b"".join(value.to_bytes(row_bytes, "little") for value in bits), dtype=np.uint8)
+        packed = packed.reshape(len(bits), row_bytes)
+    return np.unpackbits(packed, axis=1, count=width, bitorder="little").view(bool)
 
 
 def positions(layout: TreeLayout, base: int) -> np.ndarray:
@@ -80,20 +98,39 @@ class TreeBatch:
 
 
 def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0) -> TreeBatch:
-    """Pad trees to the widest. A padding node sees only itself (no row of the mask is empty)."""
-    width = max(len(t) for t in trees)
+    """Pad trees to the widest. A padding node sees only itself (no row of the mask is empty).
+    Tokens and parents are laid out for all rows at once, so are chains (a plain step's root is
+    one): a step's Python work per row is its tokens' copy, and the ancestors of the nodes of a
+    row that branches."""
+    if len(trees) == 1:  # a document decoded alone: none of the batch's bookkeeping
+        return _one_tree_batch(trees[0])
     count = len(trees)
+    sizes = np.fromiter(map(len, trees), dtype=np.int64, count=count)
+    width = int(sizes.max())
+    valid = np.arange(width) < sizes[:, None]
+    nodes = int(sizes.sum())
     tokens = np.full((count, width), pad_token, dtype=np.int64)
+    tokens[valid] = np.fromiter(itertools.chain.from_iterable(tree.tokens for tree in trees), dtype=np.int64, count=nodes)
     parents = np.full((count, width), -1, dtype=np.int64)
-    depths = np.zeros((count, width), dtype=np.int64)
-    ancestors = np.broadcast_to(np.eye(width, dtype=bool), (count, width, width)).copy()
-    valid = np.zeros((count, width), dtype=bool)
-    for row, tree in enumerate(trees):
-        size = len(tree)
-        layout = tree_layout(tree.parents)
-        tokens[row, :size] = tree.tokens
-        parents[row, :size] = tree.parents
-        depths[row, :size] = layout.depths
-        ancestors[row, :size, :size] = layout.ancestors
-        valid[row, :size] = True
+    parents[valid] = np.fromiter(itertools.chain.from_iterable(tree.parents for tree in trees), dtype=np.int64, count=nodes)
+    # Every row laid out as a chain (a lower triangle of its own nodes), then the branching rows
+    # from their nodes' ancestor bits, converted all at once.
+    node = np.arange(width)
+    ancestors = (node[:, None] >= node) & valid[:, :, None] | (node[:, None] == node)
+    depths = np.where(valid, node, 0)
+    branching = np.flatnonzero(((parents != node - 1) & valid).any(1))
+    if branching.size:
+        block, block_valid = ancestors[branching], valid[branching]
+        block[block_valid] = bit_rows([bits for row in branching.tolist() for bits in ancestor_bits(trees[row].parents)], width)
+        ancestors[branching] = block
+        depths[branching] = np.where(block_valid, block.sum(-1) - 1, 0)
     return TreeBatch(*(torch.from_numpy(a) for a in (tokens, parents, depths, ancestors, valid)))
+
+
+def _one_tree_batch(tree: TokenTree) -> TreeBatch:
+    """`batch_trees([tree])`: the tree's own layout, nothing to pad."""
+    layout = tree_layout(tree.parents)
+    return TreeBatch(
+        torch.tensor([tree.tokens]), torch.tensor([tree.parents]), torch.from_numpy(layout.depths[None]),
+        torch.from_numpy(layout.ancestors[None]), torch.ones((1, len(tree)), dtype=torch.bool),
+    )

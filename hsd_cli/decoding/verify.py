@@ -11,9 +11,11 @@ vectors, not one per tree node.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .tree import TreeBatch
@@ -124,17 +126,21 @@ def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> list[StepOutcome]:
     """Vectorised walk: a node is accepted iff it and all its ancestors carry their parent's pick.
 
     Children of a node carry distinct tokens (tries and chains), so accepted nodes form a path.
+    In numpy over the batch's (CPU) tensors: a small torch call costs several numpy ones, and
+    the paths come back with one gather and one tolist each, not a tensor index per row.
     """
-    parent_pick = torch.gather(picked, 1, trees.parents.clamp(min=0))
-    matches = (trees.tokens == parent_pick) & trees.valid
+    tokens, parents, depths, valid = trees.tokens.numpy(), trees.parents.numpy(), trees.depths.numpy(), trees.valid.numpy()
+    ancestors, picks = trees.ancestors.numpy(), picked.numpy()
+    matches = (tokens == np.take_along_axis(picks, parents.clip(min=0), 1)) & valid
     matches[:, 0] = True  # the root is accepted already
-    accepted = ~(trees.ancestors & ~matches[:, None, :]).any(-1)
-    deepest = torch.where(accepted, trees.depths, -1).argmax(-1)
-    outcomes = []
-    for row, node in enumerate(deepest.tolist()):
-        path = trees.ancestors[row, node].nonzero().view(-1).tolist()  # ancestors precede children
-        outcomes.append(StepOutcome(path, int(picked[row, node])))
-    return outcomes
+    accepted = ~(ancestors & ~matches[:, None, :]).any(-1)
+    rows = np.arange(len(tokens))
+    deepest = np.where(accepted, depths, -1).argmax(-1)
+    on_path = np.nonzero(ancestors[rows, deepest])[1].tolist()  # row by row; ancestors precede children
+    lengths = (depths[rows, deepest] + 1).tolist()
+    starts = itertools.accumulate(lengths, initial=0)
+    bonuses = picks[rows, deepest].tolist()
+    return [StepOutcome(on_path[start : start + length], bonus) for start, length, bonus in zip(starts, lengths, bonuses)]
 
 
 def accept_path_near_lossless(

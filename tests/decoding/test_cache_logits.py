@@ -2,6 +2,10 @@
 left-padded batch, every tree node's logits must equal the model's own forward over the row's
 prompt + committed tokens + the node's path. A commit that keeps the wrong slots must fail this."""
 
+from types import SimpleNamespace
+
+import pytest
+import torch
 
 from hsd_cli.decoding.target import cache
 from hsd_cli.decoding.target import HFTarget
@@ -98,3 +102,17 @@ def test_logits_after_gathering_commits_and_compaction_in_a_padded_batch(tiny_ta
     wrong = counted_cache_edits(monkeypatch, off_by_one=True)
     assert largest_logit_error(target, images) > 100 * SAME_LOGITS, "a commit that keeps the wrong slots must be caught"
     assert wrong["gathers"] == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_additive_mask_opens_a_nodes_cached_slots_and_tree_nodes_only(dtype):
+    on_cpu = SimpleNamespace(dtype=dtype, device=torch.device("cpu"))
+    slot_valid = torch.tensor([[False, True, True], [True, True, False]])  # row 0 left-padded, row 1 a dropped slot
+    visibility = torch.tensor([[[True, False], [True, True]], [[True, False], [False, True]]])
+    mask = HFTarget._additive_mask(on_cpu, slot_valid, visibility)
+    low = torch.finfo(dtype).min
+    expected = torch.tensor([
+        [[low, 0, 0, 0, low], [low, 0, 0, 0, 0]],
+        [[0, 0, low, 0, low], [0, 0, low, low, 0]],
+    ], dtype=dtype)[:, None]
+    assert mask.dtype == dtype and torch.equal(mask, expected)

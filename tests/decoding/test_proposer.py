@@ -158,3 +158,21 @@ def test_text_drafts_added_as_tokens_are_matched_as_their_text():
     assert proposer.propose(context).tokens == (context[-1],)
     proposer.add_drafts([encode("the quick brown fox")])
     assert decode(proposer.propose(context).tokens[1:]) == " fox"
+
+
+def test_trie_takes_nodes_by_score_then_sharing_and_keeps_the_best_continuations_source():
+    continuations = [
+        Continuation([1, 2, 3], 5, (0, 10)),
+        Continuation([1, 2, 4], 5, (1, 20)),
+        Continuation([1, 5], 7, (2, 30)),
+        Continuation([6], 5, (0, 40)),
+    ]
+    tree, sources = build_trie(9, continuations, budget=10)
+    # 1 (best score, 7) -> 5 (7); then 2 (score 5, shared by two) before 6 (5, alone); 3 and 4 last
+    assert tree.tokens == (9, 1, 5, 2, 6, 3, 4)
+    assert tree.parents == (-1, 0, 1, 1, 0, 3, 3)
+    assert tree.evidence == 7
+    assert sources == [None, (2, 30), (2, 31), (0, 11), (0, 40), (0, 12), (1, 22)]
+    cut, cut_sources = build_trie(9, continuations, budget=3)
+    assert cut.tokens == (9, 1, 5, 2) and cut_sources == sources[:4]
+    assert build_trie(9, [], budget=10)[0].tokens == (9,)

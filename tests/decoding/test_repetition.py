@@ -14,7 +14,14 @@ import pytest
 
 from hsd_cli.bench.repetition import GENERATED_LOOPS, LEGITIMATE_STRUCTURES
 from hsd_cli.decoding import repetition_stop
-from hsd_cli.decoding.repetition import REPETITION_MAX_UNIT, REPETITION_SPAN, find_repetition, repetition_stop_after
+from hsd_cli.decoding import repetition
+from hsd_cli.decoding.repetition import (
+    REPETITION_MAX_UNIT,
+    REPETITION_SPAN,
+    RepetitionGuard,
+    find_repetition,
+    repetition_stop_after,
+)
 
 IDS = json.loads((Path(__file__).parent.parent / "data" / "repetition_qwen2_ids.json").read_text())
 
@@ -99,3 +106,57 @@ def test_a_loop_is_looked_for_only_after_the_tokens_already_checked():
         checked = rng.randrange(len(tokens))
         loop = find_repetition(tokens, span=24, max_unit=6, checked=checked)
         assert (loop.stop if loop else None) == first_stop_by_definition(tokens, 24, 6, checked)
+
+
+def guard_stop(tokens, rng, chunk_max=20):
+    """Where RepetitionGuard stops an output fed to it in steps of 1 to chunk_max tokens."""
+    guard, fed = RepetitionGuard(), 0
+    while fed < len(tokens):
+        fed = min(len(tokens), fed + rng.randint(1, chunk_max))
+        stop = guard.stop_after(tokens[:fed])
+        if stop is not None:
+            return stop
+    return None
+
+
+def test_the_guard_fed_step_by_step_stops_where_the_whole_output_stops():
+    """Loops of every kind of unit, some a few tokens short of a whole span, some broken just
+    before it: the streak shortcut never skips a loop."""
+    rng = random.Random(3)
+    stopped = 0
+    for _ in range(60):
+        unit = [rng.randrange(200) for _ in range(rng.randint(1, REPETITION_MAX_UNIT))]
+        repeated = (unit * (2 * REPETITION_SPAN // len(unit) + 1))[: REPETITION_SPAN + rng.randint(-40, 40)]
+        tokens = [rng.randrange(10_000) for _ in range(rng.randint(0, 300))] + repeated
+        tokens += [rng.randrange(10_000) for _ in range(rng.randint(0, 50))] + repeated[: rng.randint(0, REPETITION_SPAN)]
+        expected = repetition_stop(tokens)
+        assert guard_stop(tokens, rng) == expected
+        stopped += expected is not None
+    assert 10 < stopped < 50
+
+
+@pytest.mark.parametrize("name", list(LEGITIMATE_STRUCTURES))
+def test_the_guard_passes_legitimate_repetition(name):
+    assert guard_stop(IDS["structures"][name], random.Random(4)) is None
+
+
+@pytest.mark.parametrize("name", list(GENERATED_LOOPS))
+def test_the_guard_stops_a_loop_as_a_model_writes_it_where_the_whole_output_does(name):
+    before, unit = IDS["loops"][name]["before"], IDS["loops"][name]["unit"]
+    tokens = before + unit * (4096 // len(unit))
+    assert guard_stop(tokens, random.Random(5)) == repetition_stop(tokens)
+
+
+def test_the_guard_looks_at_the_windows_only_once_every_token_recurs_for_long(monkeypatch):
+    looked = []
+    monkeypatch.setattr(repetition, "repetition_stop_after", lambda tokens, checked: looked.append(checked))
+    rng = random.Random(6)
+    prose = [rng.randrange(50_000) for _ in range(3000)]  # no token recurs within 64 of itself
+    assert guard_stop(prose, rng) is None and not looked
+    streak = REPETITION_SPAN - REPETITION_MAX_UNIT
+    tokens = prose[:100] + [1, 2, 3] * ((streak + 1) // 3 + 10)  # every token recurs 3 places back
+    guard = RepetitionGuard()
+    guard.stop_after(tokens[: 100 + streak + 2])  # the first 3 of the run do not recur yet
+    assert not looked
+    guard.stop_after(tokens[: 100 + streak + 3])
+    assert looked == [100 + streak + 2]

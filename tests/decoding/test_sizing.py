@@ -7,7 +7,7 @@ import pytest
 
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch, decode_stream
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
-from hsd_cli.decoding.sizing import LoadSizer, deepest, depth_outcomes
+from hsd_cli.decoding.sizing import CONTEXT_STEP, LoadSizer, deepest, depth_outcomes
 from hsd_cli.decoding.tree import TokenTree
 
 from .test_continuous_batching import NamedScriptTarget
@@ -160,3 +160,34 @@ def test_drafts_that_keep_failing_cost_nothing_once_learned():
     assert result.tokens == text
     widths = [width for _, width, _ in result.stats.steps]
     assert widths[-100:] == [1] * 100, "after learning, plain steps"
+
+
+def width_row_by_row(sizer, kinds, trees, emitted):
+    """LoadSizer.width as its definition reads: every row's expected gain at every width, summed."""
+    rows, widest = len(trees), max(len(tree) for tree in trees)
+    context = CONTEXT_STEP * round((sizer.prompt_tokens + sum(emitted) / rows) / CONTEXT_STEP)
+    gains = [sizer.expected_accepted(kind, tree) for kind, tree in zip(kinds, trees)]
+    priced_rows = sizer.batch_rows or rows
+    rates = [(rows + sum(gain[min(width, len(gain)) - 1] for gain in gains)) / rows / sizer.step_cost(priced_rows, width, context)
+             for width in range(1, widest + 1)]
+    best = 0
+    for index, rate in enumerate(rates):
+        best = index if rate > rates[best] * (1 + 1e-9) else best
+    return best + 1
+
+
+def test_the_width_of_rows_of_several_kinds_and_evidences_is_the_best_rate_over_their_gains():
+    sizer = LoadSizer(lambda rows, width, context: rows * (1 + 0.3 * (width - 1)) + context / 512, prompt_tokens=100)
+    weak = TokenTree.chain(5, [6, 7, 8, 9], evidence=3)
+    teach(sizer, "k", weak, 1, 10)
+    teach(sizer, "k", TRIE, 2, 10)
+    teach(sizer, "other", CHAIN, 4, 10)
+    rows = [("k", weak), ("k", TRIE), ("other", CHAIN), ("k", TokenTree.chain(1, [])), ("other", TRIE), ("k", CHAIN)]
+    for count in range(1, len(rows) + 1):
+        kinds, trees = [kind for kind, _ in rows[:count]], [tree for _, tree in rows[:count]]
+        emitted = [40 * index for index in range(count)]
+        assert sizer.width(kinds, trees, emitted) == width_row_by_row(sizer, kinds, trees, emitted)
+        sizer.batch_rows = 64  # priced at a fixed load
+        assert sizer.width(kinds, trees, emitted) == width_row_by_row(sizer, kinds, trees, emitted)
+        sizer.batch_rows = None
+    assert {sizer.width(["k"], [tree], [0]) for tree in (weak, TRIE, CHAIN)} != {1}, "some row verifies its draft"

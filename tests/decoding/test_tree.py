@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsd_cli.decoding.tree import TokenTree, batch_trees, positions, tree_layout
+from hsd_cli.decoding.tree import TokenTree, ancestor_bits, batch_trees, bit_rows, positions, tree_layout
 
 
 def test_chain_layout_is_lower_triangular():
@@ -54,3 +54,45 @@ def test_batch_pads_and_padding_nodes_see_only_themselves():
     assert batch.parents.tolist() == [[-1, 0, -1, -1], [-1, 0, 0, 1]]
     assert torch.equal(batch.ancestors[0, 2], torch.tensor([False, False, True, False]))
     assert torch.equal(batch.ancestors[1, 3], torch.tensor([True, True, False, True]))
+
+
+def test_ancestor_bits_hold_each_node_and_its_ancestors():
+    #   0 -> 1 -> 3, 0 -> 2 -> 4 -> 5
+    assert ancestor_bits((-1, 0, 0, 1, 2, 4)) == [0b1, 0b11, 0b101, 0b1011, 0b10101, 0b110101]
+    assert ancestor_bits((-1,)) == [1]
+
+
+@pytest.mark.parametrize("width", [1, 3, 64, 70])
+def test_bit_rows_put_bit_j_in_column_j(width):
+    bits = [0, 1, 1 << (width - 1), (1 << width) - 1, 0b101 & ((1 << width) - 1)]
+    rows = bit_rows(bits, width)
+    assert rows.dtype == bool and rows.shape == (5, width)
+    expected = [[bool(value >> column & 1) for column in range(width)] for value in bits]
+    assert rows.tolist() == expected
+
+
+def test_a_batch_of_plain_steps_chains_and_tries_lays_out_each_row_as_its_own_tree():
+    trees = [
+        TokenTree.chain(9, []),
+        TokenTree((1, 2, 3, 4, 5, 6), (-1, 0, 0, 1, 2, 4)),
+        TokenTree.chain(7, [8, 9]),
+        TokenTree((3, 4, 5), (-1, 0, 0)),
+    ]
+    batch = batch_trees(trees, pad_token=0)
+    for row, tree in enumerate(trees):
+        size = len(tree)
+        layout = tree_layout(tree.parents)
+        np.testing.assert_array_equal(batch.ancestors[row, :size, :size].numpy(), layout.ancestors)
+        np.testing.assert_array_equal(batch.depths[row, :size].numpy(), layout.depths)
+        assert batch.tokens[row, :size].tolist() == list(tree.tokens)
+        assert batch.parents[row].tolist() == list(tree.parents) + [-1] * (6 - size)
+        np.testing.assert_array_equal(batch.ancestors[row, size:].numpy(), np.eye(6, dtype=bool)[size:])
+        assert batch.depths[row, size:].tolist() == [0] * (6 - size)
+    assert batch.depths[1].tolist() == [0, 1, 1, 2, 2, 3]
+    assert batch.ancestors[1, 5].tolist() == [True, False, True, False, True, True]
+    for row, tree in enumerate(trees):  # a tree batched alone is its row of the batch, unpadded
+        alone, size = batch_trees([tree]), len(tree)
+        assert alone.width == size and alone.valid.all()
+        for name in ("tokens", "parents", "depths", "valid"):
+            assert getattr(alone, name)[0].tolist() == getattr(batch, name)[row, :size].tolist()
+        assert torch.equal(alone.ancestors[0], batch.ancestors[row, :size, :size])

@@ -47,6 +47,21 @@ def test_padding_nodes_are_never_accepted():
     assert tree_outcome.path == [0, 1, 3] and tree_outcome.bonus == 5
 
 
+def test_every_rows_path_and_bonus_come_back_in_row_order():
+    """Rows of different trees and path lengths read back together (a plain row, a chain that
+    holds, a tree that takes its second branch, a chain that fails at once)."""
+    trees = [TokenTree.chain(4, []), TokenTree.chain(1, [2, 3]), TREE, TokenTree.chain(6, [7])]
+    batch = batch_trees(trees, pad_token=0)
+    picked = torch.tensor([
+        [30, 0, 0, 0, 0, 0],
+        [2, 3, 31, 0, 0, 0],
+        [12, 0, 14, 0, 0, 32],  # 0 -> 2 -> 4 (token 14) -> 5 (token 15 != 0): path [0, 2, 4]
+        [33, 7, 0, 0, 0, 0],
+    ])
+    outcomes = accept_paths(batch, picked)
+    assert [(o.path, o.bonus) for o in outcomes] == [([0], 30), ([0, 1, 2], 31), ([0, 2, 4], 0), ([0], 33)]
+
+
 def test_top_k_and_top_p_processing():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     top_k = processed_probs(logits, SamplingConfig(temperature=1.0, top_k=2))

@@ -125,21 +125,32 @@ class HFTarget:
         """
         width = tokens.shape[1]
         positions = self._tree_positions(state, depths)
-        visible = torch.cat([state.slot_valid[:, None, :].expand(-1, width, -1).cpu(), self._tree_visibility(ancestors)], dim=-1)
-        # Float additive mask in the model dtype: boolean 4-D masks are silently wrong with eager.
+        visibility = self._tree_visibility(ancestors)
         # None where one token per row sees every slot (plain decoding of unpadded rows), as
         # `generate` then gives attention none: bf16 attention with a mask of zeros can round
         # differently from attention without one.
-        mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
-        mask = None if width == 1 and bool(visible.all()) else mask[:, None].to(self.device)
+        plain = width == 1 and bool(state.slot_valid.all()) and bool(visibility.all())
         out = self.model(
             input_ids=tokens.to(self.device),
             position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
-            attention_mask=mask,
+            attention_mask=None if plain else self._additive_mask(state.slot_valid, visibility),
             past_key_values=state.cache,
             use_cache=True,
         )
         return out.logits.float()
+
+    def _additive_mask(self, slot_valid: torch.Tensor, visibility: torch.Tensor) -> torch.Tensor:
+        """(B, 1, K, L + K) float mask in the model dtype (boolean 4-D masks are silently wrong
+        with eager): 0 where a node sees a cached slot (`slot_valid`, (B, L)) or a tree node
+        (`visibility`, (B, K, K)), the dtype's lowest elsewhere. Built on the device from those
+        two, a row's slots converted once and copied to its K nodes (a host-built (B, K, L + K)
+        mask costs a fill and a copy of every entry)."""
+        rows, width, slots = visibility.shape[0], visibility.shape[1], slot_valid.shape[1]
+        zero, lowest = torch.zeros((), dtype=self.dtype, device=self.device), torch.finfo(self.dtype).min
+        mask = torch.empty((rows, 1, width, slots + width), dtype=self.dtype, device=self.device)
+        mask[:, 0, :, :slots] = torch.where(slot_valid.to(self.device), zero, lowest)[:, None, :]
+        mask[:, 0, :, slots:] = torch.where(visibility.to(self.device), zero, lowest)
+        return mask
 
     # The tree's positions and mask, each in one method so that a test can subclass a wrong one
     # and check that the exactness tests notice.
