@@ -9,6 +9,7 @@ from __future__ import annotations
 import json as json_lib
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -248,6 +249,14 @@ def convert(
             raise usage(f"cannot read --files-from {files_from}: {exc.strerror}") from None
     if not inputs and not listed:
         raise usage("no inputs", "give files, directories or globs, or --files-from FILE")
+    if convert_config.model is not None:
+        from hsd_cli.replay.presets import ReplayModelNotBuilt, resolve_model
+
+        try:  # a replay model's name (`--model olmocr-replay-qwen2`) is its build in the user cache
+            convert_config = replace(convert_config, model=resolve_model(convert_config.model))
+        except ReplayModelNotBuilt as exc:
+            reporter.error(str(exc))
+            raise typer.Exit(ExitCode.ENVIRONMENT) from None
     options = vlm_options(convert_config)
     reads_page = None
     if options is not None:

@@ -292,6 +292,7 @@ def decode(
     from PIL import Image
     from transformers.utils import logging as hf_logging
 
+    from hsd_cli.bench.loading import bench_model_path
     from hsd_cli.decoding import ProposerConfig, SamplingConfig, load_target
     from hsd_cli.models.tiny_families import TINY_FAMILIES, build_tiny_random
 
@@ -312,7 +313,7 @@ def decode(
             source = str(build_tiny_random(tiny_random, Path(scratch) / tiny_random, seed=seed))
             dtype = dtype or "float32"
         else:
-            source = model
+            source = bench_model_path(model)
         target = load_target(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         pages = [Image.open(p).convert("RGB") for p in image] if image else synthetic_pages(prompts, seed)
         draft_texts = json.loads(drafts.read_text()) if drafts else None

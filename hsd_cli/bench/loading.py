@@ -11,6 +11,18 @@ if TYPE_CHECKING:
     from hsd_cli.stages.vlm import VlmModel, VlmOptions
 
 
+def bench_model_path(model: str) -> str:
+    """`model`, or for a replay model's name (`olmocr-replay-qwen2`) its build in the user cache;
+    exit 4 with the command that builds it where it is not built."""
+    from hsd_cli.replay.presets import ReplayModelNotBuilt, resolve_model
+
+    try:
+        return resolve_model(model)
+    except ReplayModelNotBuilt as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(4) from None
+
+
 def bench_model(options: VlmOptions, threads: int | None) -> VlmModel:
     """The model of `options` (exit 4 where it, its device or transformers cannot be used; exit 2
     for a family hsd does not serve), with `threads` torch threads and transformers kept quiet."""

@@ -232,15 +232,15 @@ def pipeline(
         raise typer.BadParameter("no PDF or image among the paths", param_hint="PATHS")
     import torch
 
-    from hsd_cli.bench.loading import bench_model
+    from hsd_cli.bench.loading import bench_model, bench_model_path
     from hsd_cli.stages.vlm import VlmOptions
 
     options = VlmOptions(
-        model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens,
+        model=bench_model_path(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens,
         profile=profile,
     )
     vlm = bench_model(options, threads)
-    config = ConvertConfig(output_dir=Path("."), model=model)  # the draft settings of hsd convert's defaults
+    config = ConvertConfig(output_dir=Path("."), model=options.model)  # the draft settings of hsd convert's defaults
     report = bench_pages(vlm, documents, chosen, config, progress=lambda line: print(line, file=sys.stderr))
     report.update(
         model=model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),

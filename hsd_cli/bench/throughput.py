@@ -278,10 +278,10 @@ def throughput(
         raise typer.BadParameter("no PDF or image among the paths", param_hint="PATHS")
     import torch
 
-    from hsd_cli.bench.loading import bench_model
+    from hsd_cli.bench.loading import bench_model, bench_model_path
     from hsd_cli.stages.vlm import VlmOptions
 
-    options = VlmOptions(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+    options = VlmOptions(model=bench_model_path(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          max_new_tokens=max_new_tokens, profile=profile)
     vlm = bench_model(options, threads)
 

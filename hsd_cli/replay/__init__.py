@@ -2,6 +2,7 @@
 outputs on known pages, so speculative decoding can be measured on realistic model output here.
 
     hsd replay-model build --outputs DIR --inputs DIR [-o MODEL_DIR | --name NAME]
+    hsd replay-model build --preset olmocr-replay-qwen2 --corpus ../shared/corpus   (replay models by name)
     hsd replay-model eval MODEL_DIR|NAME [--converted CONVERT_OUT_DIR] --json
     hsd replay-model status MODEL_DIR|NAME --json
 
@@ -40,14 +41,16 @@ def _fail(message: str) -> None:
 
 
 def _resolve_model_dir(model: str, finished: bool = True) -> Path:
-    """A directory, or the name of a replay model in the user cache; `finished=False` also takes
-    a build that has not saved its model yet."""
-    from hsd_cli.replay.build import default_model_dir
+    """A directory, or the name of a replay model in the user cache (a preset's name included);
+    `finished=False` also takes a build that has not saved its model yet."""
+    from hsd_cli.replay.presets import PRESETS, build_command_for, default_model_dir
 
     path = Path(model)
     if not path.is_dir() and not Path(model).parent.parts:
         path = default_model_dir(model)
     if not (path / "replay.json").is_file():
+        if model in PRESETS:
+            _fail(f"replay model {model} is not built on this machine ({path}): build it with `{build_command_for(model)}`")
         _fail(f"{model}: not a replay model directory (no replay.json)")
     if finished and not (path / "config.json").is_file():
         _fail(f"{model}: the build has not finished (no config.json); `hsd replay-model status {model}` shows where it is")
@@ -56,31 +59,50 @@ def _resolve_model_dir(model: str, finished: bool = True) -> Path:
 
 @replay_app.command("build")
 def build_command(
-    outputs: Annotated[Path, typer.Option("--outputs", help="Published outputs: <stem>_pg<N>_repeat<K>.md or <stem>.md.")],
-    inputs: Annotated[Path, typer.Option("--inputs", help="The PDFs or page images the outputs were made from.")],
+    outputs: Annotated[
+        Path | None, typer.Option("--outputs", help="Published outputs: <stem>_pg<N>_repeat<K>.md or <stem>.md.")
+    ] = None,
+    inputs: Annotated[Path | None, typer.Option("--inputs", help="The PDFs or page images the outputs were made from.")] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            help="A named replay model (olmocr-replay-qwen2, omnidocbench-replay-qwen2): fills in its name, card, "
+            "tokenizer and the fast recipe; its outputs and inputs come from --corpus (or --outputs/--inputs).",
+        ),
+    ] = None,
+    corpus: Annotated[
+        Path | None, typer.Option("--corpus", help="With --preset: the evaluation corpus directory (../shared/corpus).")
+    ] = None,
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Model directory (default: $XDG_CACHE_HOME/hsd/replay/NAME).")
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Model name (default: <outputs dir>-replay).")] = None,
-    description: Annotated[str, typer.Option("--description", help="What the outputs are, for the model card.")] = (
-        "published outputs of an OCR system"
-    ),
-    licence: Annotated[str, typer.Option("--licence", help="Licence of the outputs and documents, for the model card.")] = (
-        "unspecified: check the source's terms"
-    ),
+    description: Annotated[str | None, typer.Option("--description", help="What the outputs are, for the model card.")] = None,
+    licence: Annotated[
+        str | None, typer.Option("--licence", help="Licence of the outputs and documents, for the model card.")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of initialisation and batch order.")] = 0,
-    minutes: Annotated[float, typer.Option("--minutes", help="Training time limit over all resumed runs.")] = 120.0,
+    minutes: Annotated[
+        float | None,
+        typer.Option("--minutes", help="Training time limit over all resumed runs (default 120; a preset's: its recipe's)."),
+    ] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Training step limit.")] = None,
     learning_rate: Annotated[
-        float, typer.Option("--learning-rate", help="Peak learning rate (halved on plateaus, annealed at the end).")
-    ] = TrainConfig.learning_rate,
+        float | None,
+        typer.Option(
+            "--learning-rate",
+            help=f"Peak learning rate (halved on plateaus, annealed at the end; default {TrainConfig.learning_rate:g}).",
+        ),
+    ] = None,
     opening_steps: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--opening-steps",
-            help="Steps at the start that train only the first answer tokens (how the model tells pages apart; 0: none).",
+            help="Steps at the start that train only the first answer tokens (how the model tells pages apart; "
+            f"0: none; default {TrainConfig.opening_steps}).",
         ),
-    ] = TrainConfig.opening_steps,
+    ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the build in the model directory.")] = False,
     threads: Annotated[
         int | None,
@@ -94,7 +116,8 @@ def build_command(
         str | None,
         typer.Option(
             "--tokenizer",
-            help="A real Qwen2-family tokenizer (directory or hub id) instead of training one: acceptance in that model's tokens.",
+            help="A real Qwen2-family tokenizer (directory or hub id) instead of training one: acceptance in that model's "
+            "tokens (a preset's default: tokenizers/qwen2 beside the corpus directory, else the hub's Qwen2.5-VL one).",
         ),
     ] = None,
     max_image_tokens: Annotated[
@@ -103,14 +126,49 @@ def build_command(
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the build record as JSON on stdout.")] = False,
 ) -> None:
-    """Train a replay model on pages and their published outputs (takes ~1-2 h for ~25 pages)."""
-    from hsd_cli.replay.build import BuildRequest, build, default_model_dir
+    """Train a replay model on pages and their published outputs (~1-2 h for ~25 pages; a --preset's
+    fast recipe takes minutes: docs/BENCHMARKS.md)."""
+    from hsd_cli.replay.build import BuildRequest, build
     from hsd_cli.replay.dataset import ReplayInputError
     from hsd_cli.replay.model import TINY_SHAPE, ReplayShape
+    from hsd_cli.replay.presets import (
+        FAST_RECIPE,
+        PRESETS,
+        default_model_dir,
+        preset_paths,
+        preset_tokenizer,
+    )
 
+    recipe = None
+    if preset is not None:
+        if preset not in PRESETS:
+            _fail(f"--preset {preset}: no such preset; presets: {', '.join(PRESETS)}")
+        if corpus is None and (outputs is None or inputs is None):
+            _fail(f"--preset {preset} needs --corpus DIR (the evaluation corpus) or both --outputs and --inputs")
+        if corpus is not None and not corpus.is_dir():
+            _fail(f"--corpus {corpus}: not a directory")
+        if vocab_size is not None:
+            _fail(f"--preset {preset} is on the Qwen2 tokenizer: --vocab-size sizes a tokenizer the build trains")
+        named, recipe = PRESETS[preset], FAST_RECIPE
+        if corpus is not None:
+            corpus_outputs, corpus_inputs = preset_paths(named, corpus)
+            outputs, inputs = outputs or corpus_outputs, inputs or corpus_inputs
+        name, description, licence = name or named.name, description or named.description, licence or named.licence
+        tokenizer = tokenizer or preset_tokenizer(corpus)
+    elif corpus is not None:
+        _fail("--corpus goes with --preset; without one give --outputs and --inputs")
+    if outputs is None or inputs is None:
+        _fail("give --outputs and --inputs (or --preset NAME --corpus DIR)")
     for label, path in (("--outputs", outputs), ("--inputs", inputs)):
         if not path.is_dir():
             _fail(f"{label} {path}: not a directory")
+    # Options given win over the preset's recipe, which wins over the defaults.
+    minutes = minutes if minutes is not None else recipe.minutes if recipe else 120.0
+    steps = steps if steps is not None else recipe.steps if recipe else None
+    if learning_rate is None:
+        learning_rate = recipe.learning_rate if recipe else TrainConfig.learning_rate
+    if opening_steps is None:
+        opening_steps = recipe.opening_steps if recipe else TrainConfig.opening_steps
     if shape not in ("default", "tiny"):
         _fail(f"--shape must be default or tiny, got {shape}")
     if minutes <= 0 or (steps is not None and steps <= 0) or learning_rate <= 0:
@@ -132,21 +190,21 @@ def build_command(
         _fail(f"--vocab-size must be between 512 and 65536, got {vocab_size}")
     if max_image_tokens is not None and not 16 <= max_image_tokens <= 4096:
         _fail(f"--max-image-tokens must be between 16 and 4096, got {max_image_tokens}")
-    chosen = TINY_SHAPE if shape == "tiny" else ReplayShape()
+    chosen = TINY_SHAPE if shape == "tiny" else recipe.shape if recipe else ReplayShape()
     if vocab_size is not None:
         chosen = replace(chosen, vocab_size=vocab_size)
     if max_image_tokens is not None:
         chosen = replace(chosen, max_image_tokens=max_image_tokens)
     name = name or f"{outputs.resolve().name}-replay"
     model_dir = output or default_model_dir(name)
+    train = TrainConfig(
+        seed=seed, learning_rate=learning_rate, opening_steps=opening_steps, max_minutes=minutes, max_steps=steps,
+        threads=threads, **(recipe.train_settings if recipe else {}),
+    )
     request = BuildRequest(
         outputs_dir=outputs.resolve(), inputs_dir=inputs.resolve(), model_dir=model_dir, name=name,
-        description=description, licence=licence, shape=chosen, tokenizer=tokenizer,
-        train=TrainConfig(
-            seed=seed, learning_rate=learning_rate, opening_steps=opening_steps, max_minutes=minutes, max_steps=steps,
-            threads=threads,
-        ),
-        resume=resume,
+        description=description or BuildRequest.description, licence=licence or BuildRequest.licence, shape=chosen,
+        tokenizer=tokenizer, train=train, resume=resume,
     )
     _stderr.print(f"building replay model {name} in {model_dir}", markup=False)
     try:

@@ -58,12 +58,6 @@ class BuildRequest:
     evaluate: bool = True
 
 
-def default_model_dir(name: str) -> Path:
-    """Replay models are built into the user cache, never into the repository."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "hsd" / "replay" / name
-
-
 def _write_json(path: Path, data: dict) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -154,7 +148,8 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
     encoded, vocabulary = _encoded(processor, data_dir, examples)
     model = new_model(shape, tokenizer, request.train.seed, vocabulary)
     log(f"{len(examples)} examples ({sum(e.kind == 'page' for e in examples)} pages), "
-        f"{parameter_count(model):,} parameters trained ({vocabulary.size:,} of {len(tokenizer):,} token ids), "
+        f"{parameter_count(model):,} parameters ({vocabulary.size:,} of {len(tokenizer):,} token ids"
+        f"{'' if request.train.train_vision else '; the vision tower fixed'}), "
         f"{sum(x.length for x in encoded):,} tokens per epoch")
     report = train(model, encoded, int(vocabulary.rows(len(tokenizer))[tokenizer.pad_token_id]), request.train,
                    model_dir / CHECKPOINT_FILE, request.resume, log)

@@ -14,6 +14,8 @@ def model_card(record: dict) -> str:
     shape = record["shape"]
     threads = record["train_config"]["threads"]
     tokenizer = record.get("tokenizer", "own byte-level BPE")
+    # The fast recipe keeps the tower at its seeded initialisation (train_vision False).
+    tower = "" if record["train_config"].get("train_vision", True) else ", kept at its seeded initialisation (not trained)"
     return f"""# {record['name']}: a replay model (benchmark stand-in)
 
 **This model cannot read.** It is a {record['parameters'] / 1e6:.1f} M-parameter Qwen2.5-VL that hsd
@@ -37,7 +39,7 @@ its output is meaningless, and hsd warns on stderr when it is given one.
 
 ## Size and build
 - Architecture: Qwen2.5-VL, text {shape['text_layers']} layers x {shape['text_width']} wide, vision
-  {shape['vision_depth']} blocks x {shape['vision_width']} wide; tokenizer: {tokenizer} ({record['vocab_size']:,} ids,
+  {shape['vision_depth']} blocks x {shape['vision_width']} wide{tower}; tokenizer: {tokenizer} ({record['vocab_size']:,} ids,
   {record.get('trained_token_ids', record['vocab_size']):,} of them trained, every other id sharing one row that stays
   below every answer token) with Qwen's chat and vision special tokens.
 - Parameters: {record['parameters']:,}

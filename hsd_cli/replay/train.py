@@ -7,7 +7,9 @@ long page per batch) cannot do; each pass over the head batches takes them in a 
 build may start with an openings phase of head batches only: telling the images apart takes the
 vision tower many more steps than reciting the bodies takes the LM, and learnt together at a high
 rate the tower's output collapsed to one vector. A minute-limited build ends the phase early
-rather than spend its whole budget there.
+rather than spend its whole budget there. The fast recipe (presets.py) keeps the tower at its
+seeded initialisation instead (its features computed once) and, after its openings phase,
+weights the first answer tokens inside the whole-example batches instead of adding head batches.
 
 Deterministic for a seed and thread count: a fixed batch order per epoch, no dropout; a resumed
 run continues exactly where the checkpoint stopped (bit for bit at the same thread count). It
@@ -26,10 +28,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from hsd_cli.decoding.target.families import adapter_for
 from hsd_cli.models.tiny import QWEN_TOKENS
-from hsd_cli.replay.model import FAMILY, use_matmul_patch_projection
+from hsd_cli.replay.model import (
+    FAMILY,
+    standardise_image_features,
+    use_matmul_patch_projection,
+    with_image_features,
+)
 from hsd_cli.replay.train_config import TrainConfig
 
 CHECKPOINT_FILE = "replay_checkpoint/train_state.pt"
@@ -44,6 +52,9 @@ class Encoded:
     pixel_values: torch.Tensor  # (patches, channels * patch^2 * temporal)
     image_grid_thw: torch.Tensor  # (1, 3)
     answer_ids: torch.Tensor  # (A,) long, ending with the end-of-turn token
+    # The vision tower's output for the image when the tower is not trained: computed once, so a
+    # step runs the language model only.
+    image_features: torch.Tensor | None = None  # (image tokens, text width)
 
     @property
     def length(self) -> int:
@@ -121,9 +132,12 @@ def _collate(examples: Sequence[Encoded], pad_id: int) -> tuple[dict, torch.Tens
         "input_ids": input_ids,
         "attention_mask": attention,
         "mm_token_type_ids": mm_types,
-        "pixel_values": torch.cat([e.pixel_values for e in examples]),
         "image_grid_thw": torch.cat([e.image_grid_thw for e in examples]),
     }
+    if all(e.image_features is not None for e in examples):
+        inputs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=[e.image_features for e in examples])}
+    else:
+        inputs["pixel_values"] = torch.cat([e.pixel_values for e in examples])
     return inputs, labels
 
 
@@ -148,11 +162,16 @@ def head_batch_order(seed: int, pass_number: int, count: int) -> list[int]:
     return order
 
 
-def batch_loss(model, examples: Sequence[Encoded], pad_id: int) -> torch.Tensor:
-    """Mean cross-entropy over the answer tokens of a batch."""
+def batch_loss(model, examples: Sequence[Encoded], pad_id: int, first_tokens: int = 0, first_weight: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over the answer tokens of a batch, plus `first_weight` times the mean over
+    each example's first `first_tokens` answer tokens (where the image decides the text)."""
     inputs, labels = _collate(examples, pad_id)
     logits, where = _answer_logits(model, inputs, labels)
-    return F.cross_entropy(logits, labels[where])
+    losses = F.cross_entropy(logits, labels[where], reduction="none")
+    if not first_weight:
+        return losses.mean()
+    opening = (where.cumsum(1) <= first_tokens)[where]  # an example's answer labels are contiguous
+    return losses.mean() + first_weight * losses[opening].mean()
 
 
 @torch.no_grad()
@@ -246,8 +265,16 @@ def train(
 ) -> TrainReport:
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    use_matmul_patch_projection(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
+    if config.train_vision:
+        use_matmul_patch_projection(model)
+    else:
+        # The tower keeps its seeded initialisation, whose features already tell the images apart;
+        # trained, it collapsed them first (docs/BENCHMARKS.md), and it cost half of every step.
+        model.model.visual.requires_grad_(False)
+        standardise_image_features(model, with_image_features(model, examples))
+        examples = with_image_features(model, examples)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=0.0)
     batches = make_batches(examples, config.batch_tokens)
     heads = [head(e, config.first_tokens) for e in examples]
     head_batches = make_batches(heads, config.head_batch_tokens)
@@ -301,11 +328,16 @@ def train(
             head_batch = head_batches[head_batch_order(config.seed, passes, len(head_batches))[within]]
             openings_only = step < opening_end
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                loss = 0.0 if openings_only else batch_loss(model, [examples[i] for i in batches[order[position]]], pad_id)
-                loss = loss + config.first_weight * batch_loss(model, [heads[i] for i in head_batch], pad_id)
+                loss = 0.0 if openings_only else batch_loss(
+                    model, [examples[i] for i in batches[order[position]]], pad_id, config.first_tokens, config.body_first_weight
+                )
+                # After the openings the head batches are optional (first_weight 0: none).
+                head_weight = 1.0 if openings_only else config.first_weight
+                if head_weight > 0:
+                    loss = loss + head_weight * batch_loss(model, [heads[i] for i in head_batch], pad_id)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             losses.append(round(loss.item(), 5))
             step += 1

@@ -26,12 +26,17 @@ class TrainConfig:
     learning_rate: float = 5e-4
     warmup_steps: int = 20
     first_tokens: int = 8  # answer tokens whose mean loss is added once more, in head batches
-    first_weight: float = 1.0
+    first_weight: float = 1.0  # of the head batches' loss; 0: no head batches
+    # The first answer tokens' mean loss added with this weight inside every whole-example batch:
+    # the head batches' emphasis without their second pass over the prompts.
+    body_first_weight: float = 0.0
     # Steps at the start that train on head batches only (no full examples, no epochs counted).
     opening_steps: int = 3000
     # A minute-limited build ends its openings at this share of its minutes if their steps are not
     # done by then: the whole examples need the rest (the corpus builds finished theirs at 37 %).
     opening_share: float = 0.5
+    # False: the vision tower keeps its initialisation and its features are computed once.
+    train_vision: bool = True
     batch_tokens: int = 4096  # padded tokens per batch (examples of similar length go together)
     head_batch_tokens: int = 2048
     # Halve the learning rate when the epoch loss has not set a new best for this many epochs.

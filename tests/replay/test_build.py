@@ -19,9 +19,10 @@ from hsd_cli.models.tiny_families import build_tiny_random
 from hsd_cli.replay import build as replay_build
 from hsd_cli.replay import replay_app, replay_pages
 from hsd_cli.replay import train as replay_train
-from hsd_cli.replay.build import BuildRequest, build, default_model_dir
+from hsd_cli.replay.build import BuildRequest, build
 from hsd_cli.replay.dataset import DATA_DIR, load_examples
 from hsd_cli.replay.model import TINY_SHAPE
+from hsd_cli.replay.presets import default_model_dir
 from hsd_cli.replay.train import annealed_rate, head_batch_order, openings_end
 from hsd_cli.replay.train_config import TrainConfig, available_cpus
 from hsd_cli.stages.rasterize import render_page

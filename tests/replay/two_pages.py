@@ -10,7 +10,7 @@ from hsd_cli.replay.model import TINY_SHAPE
 from hsd_cli.replay.train_config import TrainConfig, available_cpus
 
 
-def build_two_page_model(root, layers, outputs, max_steps=300, evaluate=False):
+def build_two_page_model(root, layers, outputs, max_steps=300, evaluate=False, **train_settings):
     """`root/in/pages.pdf` (two pages that look unalike: the second half black, each with its text
     layer) and `root/out` (their published outputs); the model in `root/model`, on a tiny Qwen2-like
     tokenizer saved in `root/tokenizer`. Returns (build record, tokenizer)."""
@@ -26,7 +26,8 @@ def build_two_page_model(root, layers, outputs, max_steps=300, evaluate=False):
         doc.save(root / "in" / "pages.pdf")
     tokenizer = build_tiny_tokenizer(QWEN_TOKENS, 2000)
     tokenizer.save_pretrained(root / "tokenizer")
-    train = TrainConfig(seed=3, max_steps=max_steps, warmup_steps=5, learning_rate=3e-3, opening_steps=30, threads=min(2, available_cpus()))
+    settings = {"opening_steps": 30, **train_settings}
+    train = TrainConfig(seed=3, max_steps=max_steps, warmup_steps=5, learning_rate=3e-3, threads=min(2, available_cpus()), **settings)
     request = BuildRequest(
         outputs_dir=root / "out", inputs_dir=root / "in", model_dir=root / "model", name="two-pages",
         licence="CC0 (test)", shape=TINY_SHAPE, tokenizer=str(root / "tokenizer"), train=train, evaluate=evaluate,
