@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,14 @@ from hsd_cli.records import DocStatus
 from hsd_cli.tasks import DocumentOutcome, DocumentTask
 from hsd_cli.worker import CRASHED_ELSEWHERE, RESTARTED, Limits, WorkerPool
 from tests.conftest import run_hsd
+
+
+@pytest.fixture(autouse=True)
+def importable_in_a_spawned_process(monkeypatch):
+    """A spawned worker process imports this module to find `scripted_worker`, with the parent's
+    sys.path: under PYTHONSAFEPATH (CI) the checkout is not on it, so it goes last (the installed
+    hsd_cli still comes first)."""
+    monkeypatch.setattr(sys, "path", [*sys.path, str(Path(__file__).resolve().parents[1])])
 
 
 def scripted_worker(tasks, events) -> None:
