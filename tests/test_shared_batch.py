@@ -58,8 +58,12 @@ def test_pages_read_together_read_as_alone(tiny_model, drafted_pages):
             batch_rows.extend(rows for rows, _, _ in read.reading.result.stats.steps)
 
     threads = [threading.Thread(target=read, args=(index,)) for index in range(len(work))]
-    for thread in threads:
-        thread.start()
+    with shared_model.engine.exclusive():  # every page's first read waits, so that they share forwards
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while len(shared_model.engine._waiting) < len(work) - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
     for thread in threads:
         thread.join()
     assert together == alone

@@ -23,17 +23,21 @@ def counts(result):
     return result.tokens, result.stop_reason, stats.forwards, stats.new_tokens, stats.proposed, stats.accepted
 
 
-def in_threads(engine, calls, stagger_s=0.0):
-    """Each call (requests, sizer factory) on its own thread, started `stagger_s` apart."""
+def in_threads(engine, calls, rows):
+    """Each call (requests, sizer factory) on its own thread, all submitted while the engine is
+    held (`rows`: their requests in all), so that they wait together and must share forwards."""
     results = [None] * len(calls)
 
     def run(index, requests, make_sizer):
         results[index] = engine.decode_batch(requests(), sizer=make_sizer())
 
     threads = [threading.Thread(target=run, args=(i, *call)) for i, call in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-        time.sleep(stagger_s)
+    with engine.exclusive():
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while engine._next_key < rows and time.monotonic() < deadline:  # every call handed in
+            time.sleep(0.01)
     for thread in threads:
         thread.join()
     return results
@@ -68,7 +72,7 @@ def test_calls_from_threads_get_what_they_get_alone(tiny_target, make_image):
     ]
     alone = [decode_batch(tiny_target, requests(), config, separate_prefill=True, sizer=make_sizer()) for requests, make_sizer in calls]
     engine = BatchingEngine(tiny_target, config, max_rows=4)
-    shared = in_threads(engine, calls, stagger_s=0.05)
+    shared = in_threads(engine, calls, rows=6)
     engine.close()
     assert [[counts(r) for r in results] for results in shared] == [[counts(r) for r in results] for results in alone]
     assert [r.tokens for r in shared[1]] == [references[2]]
