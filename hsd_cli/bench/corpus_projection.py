@@ -7,7 +7,7 @@ profile at its shape (rows, nodes per row, context). The outputs are a measured 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -83,20 +83,24 @@ class PricedOracle(OracleTarget):
         return _priced(super().join(states), [p for state in states for p in state.prompt_tokens])
 
 
-def corpus_sizer(profile: Profile | None, pages: Sequence[CorpusPage]) -> LoadSizer | None:
-    """One sizer for a stream of `pages`, its prompt the pages' mean (None without a profile)."""
+def page_sizers(profile: Profile | None, pages: Sequence[CorpusPage], rows: int) -> Callable[[int], LoadSizer] | None:
+    """A sizer for each page read (by its index in `pages`), as `hsd convert --max-rows rows` sizes
+    each read: its acceptance learned afresh from that page alone, every forward priced at `rows`
+    (a busy engine's load); None without a profile (whole trees). A sizer shared by a stream's pages
+    would carry one page's failing drafts over to the next: once it prices trees at nothing, it
+    never sees them succeed again."""
     if profile is None:
         return None
-    return LoadSizer(profile.step_s, prompt_tokens=round(sum(profile.prefill_tokens(page.side) for page in pages) / len(pages)))
+    return lambda index: LoadSizer(profile.step_s, prompt_tokens=profile.prefill_tokens(pages[index].side), batch_rows=rows)
 
 
 def projected_seconds(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
-    profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: str, forward_saving_s: float,
+    profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: bool, forward_saving_s: float,
 ) -> tuple[int, float]:
     """(pages read, seconds on `profile`) reading `pages` at `rows` (drafted or plainly), cycled to
-    FILL times the rows where they are fewer; `sized`: "page" (a sizer per page read, as hsd
-    convert), "corpus" (one for the stream) or "none" (whole trees)."""
+    FILL times the rows where they are fewer; `sized`: each page's verification sized for the load
+    (`page_sizers`), else whole trees."""
     sides = {page.id: page.side for page in pages}
     prompt_tokens = {page_id: profile.prefill_tokens(side) for page_id, side in sides.items()}
     oracle = PricedOracle(tokenizer, outputs, stop_token_ids, profile, prompt_tokens, sides, forward_saving_s)
@@ -105,15 +109,9 @@ def projected_seconds(
         proposer = make_proposer(oracle, page.drafts, match) if drafted else NoDraftProposer()
         return DecodeRequest(None, page.id, proposer)
 
-    if sized == "page":
-        for page in pages:
-            sizer = LoadSizer(profile.step_s, prompt_tokens=prompt_tokens[page.id])
-            for _ in decode_stream(oracle, [request(page)], config, max_rows=1, sizer=sizer):
-                pass
-        return len(pages), oracle.seconds
-    sizer = corpus_sizer(profile, pages) if sized == "corpus" else None
     stream = [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
-    for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizer=sizer):
+    sizers = page_sizers(profile, stream, rows) if sized else None
+    for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizers=sizers):
         pass
     return len(stream), oracle.seconds
 
@@ -126,15 +124,15 @@ def projected_arms(
     `graph_saving_s` per forward on an analytic profile only (a measured one has its own launches)."""
     saving = graph_saving_s if profile.kind == "analytic" else 0.0
 
-    def seconds(r: int, drafted: bool, sized: str, forward_saving_s: float = 0.0) -> tuple[int, float]:
+    def seconds(r: int, drafted: bool, forward_saving_s: float = 0.0) -> tuple[int, float]:
         return projected_seconds(pages, outputs, tokenizer, stop_token_ids, profile, match, config,
-                                 rows=r, drafted=drafted, sized=sized, forward_saving_s=forward_saving_s)
+                                 rows=r, drafted=drafted, sized=drafted, forward_saving_s=forward_saving_s)
 
     return {
-        "generate": {1: seconds(1, False, "none")},
-        "plain-cb": {r: seconds(r, False, "none", saving) for r in rows},
-        "hsd-1": {1: seconds(1, True, "page")},
-        "hsd-cb": {r: seconds(r, True, "corpus") for r in rows},
+        "generate": {1: seconds(1, False)},
+        "plain-cb": {r: seconds(r, False, saving) for r in rows},
+        "hsd-1": {1: seconds(1, True)},
+        "hsd-cb": {r: seconds(r, True) for r in rows},
     }
 
 

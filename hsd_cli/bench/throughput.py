@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter, process_time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -124,8 +124,9 @@ def page_requests(model: VlmModel, pages: Sequence[CorpusPage], drafted: bool) -
 
 
 def streamed(target: Any, pages: Sequence[CorpusPage], requests: Sequence[DecodeRequest], rows: int, config: Any,
-             sizer: LoadSizer | None) -> ArmRun:
-    """The pages through `decode_stream` at `rows`, timed; a page's latency runs from its admission."""
+             sizers: Callable[[int], LoadSizer] | None) -> ArmRun:
+    """The pages through `decode_stream` at `rows`, timed; a page's latency runs from its admission.
+    `sizers`: each page's sizer, by its index (None: whole trees)."""
     from hsd_cli.decoding.loop import decode_stream
 
     admitted: dict[int, float] = {}
@@ -137,7 +138,7 @@ def streamed(target: Any, pages: Sequence[CorpusPage], requests: Sequence[Decode
 
     run = ArmRun()
     started = perf_counter()
-    for index, result in decode_stream(target, feed(), config, max_rows=rows, separate_prefill=True, sizer=sizer):
+    for index, result in decode_stream(target, feed(), config, max_rows=rows, separate_prefill=True, sizers=sizers):
         run.tokens[pages[index].id] = result.tokens
         run.latencies.append(perf_counter() - admitted[index])
     run.seconds = perf_counter() - started
@@ -157,16 +158,16 @@ def generated(model: VlmModel, pages: Sequence[CorpusPage]) -> ArmRun:
 
 def measured_runs(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int]) -> dict[str, dict[int, ArmRun]]:
     """arm -> rows -> run, over `pages` (one kind). Generate and hsd-1 run at one row."""
-    from hsd_cli.bench.corpus_projection import corpus_sizer
+    from hsd_cli.bench.corpus_projection import page_sizers
 
     config = model.decode_config
     runs: dict[str, dict[int, ArmRun]] = {"generate": {1: generated(model, pages)}}
     runs["hsd-1"] = {1: ArmRun()}
     for page, request in zip(pages, page_requests(model, pages, drafted=True)):
-        runs["hsd-1"][1] += streamed(model.target, [page], [request], 1, config, model.sizer(page.picture))
+        runs["hsd-1"][1] += streamed(model.target, [page], [request], 1, config, page_sizers(model.profile, [page], 1))
     runs["plain-cb"] = {r: streamed(model.target, pages, page_requests(model, pages, False), r, config, None) for r in rows}
     runs["hsd-cb"] = {
-        r: streamed(model.target, pages, page_requests(model, pages, True), r, config, corpus_sizer(model.profile, pages))
+        r: streamed(model.target, pages, page_requests(model, pages, True), r, config, page_sizers(model.profile, pages, r))
         for r in rows
     }
     return runs

@@ -261,7 +261,7 @@ class RunningBatch:
 
 def decode_stream(
     target: Target, requests: Iterable[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, max_rows: int,
-    separate_prefill: bool = False, sizer: LoadSizer | None = None,
+    separate_prefill: bool = False, sizer: LoadSizer | None = None, sizers: Callable[[int], LoadSizer] | None = None,
 ) -> Iterator[tuple[int, DecodeResult]]:
     """Continuous batching: decode `requests` with up to `max_rows` of them in the batch at once.
     Between steps, rows that ended leave and the next requests join (prefilled, then their cache
@@ -270,12 +270,14 @@ def decode_stream(
     each joining request alone (prompts of very different lengths then waste no prefill on
     padding). A request that `feeds` another takes the other's index in `requests`. `sizer`: each
     step verifies only as many of each tree's nodes as it prices best (sizing.py); whole trees
-    without one."""
+    without one. `sizers`: instead, each request its own (by index), its acceptance learned afresh
+    for that request alone, as `hsd convert` sizes each page it reads."""
     batch = RunningBatch(target, config, separate_prefill)
     waiting = enumerate(requests)
     while True:
         newcomers = {
-            index: _Sequence(request, index, sizer, request.feeds) for index, request in islice(waiting, max_rows - len(batch))
+            index: _Sequence(request, index, sizers(index) if sizers else sizer, request.feeds)
+            for index, request in islice(waiting, max_rows - len(batch))
         }
         if newcomers:
             yield from batch.admit(newcomers)

@@ -58,19 +58,19 @@ PAGES = [Page("a", 1000, (text(ANSWERS["a"][:-1]),)), Page("b", 1000, ())]
 
 def test_plain_reading_one_page_at_a_time_is_a_prefill_and_a_forward_per_further_token():
     tokens = sum(len(answer) for answer in ANSWERS.values())
-    assert seconds(PAGES, 1, drafted=False, sized="none") == (2, pytest.approx(2 * PREFILL_S + (tokens - 2) * FORWARD_S))
+    assert seconds(PAGES, 1, drafted=False, sized=False) == (2, pytest.approx(2 * PREFILL_S + (tokens - 2) * FORWARD_S))
 
 
 def test_rows_read_together_share_their_forwards_over_the_pages_cycled_to_fill_them():
-    pages, together = seconds(PAGES, 2, drafted=False, sized="none")
+    pages, together = seconds(PAGES, 2, drafted=False, sized=False)
     assert pages == FILL * 2, "two pages cycled until three times the rows are read"
-    _, alone = seconds(PAGES, 1, drafted=False, sized="none")
+    _, alone = seconds(PAGES, 1, drafted=False, sized=False)
     assert together < pages / len(PAGES) * alone * 0.75
 
 
 def test_a_draft_of_the_whole_page_takes_one_forward_and_the_graph_saving_only_plain_forwards():
-    assert seconds(PAGES[:1], 1, drafted=True, sized="none") == (1, pytest.approx(PREFILL_S + FORWARD_S))
-    assert seconds(PAGES[:1], 1, drafted=False, sized="none", saving=0.004) == (1, pytest.approx(
+    assert seconds(PAGES[:1], 1, drafted=True, sized=False) == (1, pytest.approx(PREFILL_S + FORWARD_S))
+    assert seconds(PAGES[:1], 1, drafted=False, sized=False, saving=0.004) == (1, pytest.approx(
         PREFILL_S + (len(ANSWERS["a"]) - 1) * (FORWARD_S - 0.004)
     ))
 
@@ -86,6 +86,7 @@ def test_projected_arms_apply_the_graph_saving_to_the_plain_engine_on_analytic_p
     assert analytic["plain-cb"][1][1] < analytic["generate"][1][1]
     assert analytic["hsd-1"][1] == measured["hsd-1"][1] and measured["hsd-1"][1][1] < measured["generate"][1][1]
     assert set(measured) == {"generate", "plain-cb", "hsd-1", "hsd-cb"} and set(measured["hsd-cb"]) == {1, 2}
+    assert measured["hsd-cb"][1] == measured["hsd-1"][1], "at one row, each page sized afresh as hsd-1 sizes it"
 
 
 @pytest.fixture(scope="module")

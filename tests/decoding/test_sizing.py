@@ -32,6 +32,11 @@ def half_node(rows, width, context):
     return rows * (1 + (width - 1) / 2)
 
 
+def quarter_node(rows, width, context):
+    """Every draft node costs a quarter of a plain row: a fresh sizer (reach 1/2 a depth) tries a node."""
+    return rows * (1 + (width - 1) / 4)
+
+
 def saturating(rows, width, context):
     """Memory-bound up to 8 tokens a forward, then compute-bound (a GPU's shape, in small)."""
     return max(1.0, rows * width / 8)
@@ -160,6 +165,28 @@ def test_drafts_that_keep_failing_cost_nothing_once_learned():
     assert result.tokens == text
     widths = [width for _, width, _ in result.stats.steps]
     assert widths[-100:] == [1] * 100, "after learning, plain steps"
+
+
+def test_a_request_with_a_sizer_of_its_own_is_sized_as_if_read_alone_whatever_was_read_before_it():
+    texts = scripts(2, 300, seed=7)
+    drafts = [[noisy(texts[0], 1.0, 8)], [texts[1]]]  # the first request's drafts all fail, the second's all hold
+    config = DecodeConfig(max_new_tokens=400, repetition_guard=False)
+
+    def requests(indices):
+        return [DecodeRequest(None, str(i), DraftProposer(drafts[i])) for i in indices]
+
+    asked = []
+
+    def own_sizer(index):
+        asked.append(index)
+        return LoadSizer(quarter_node)
+
+    after_failing = dict(decode_stream(NamedScriptTarget(texts), requests([0, 1]), config, max_rows=1, sizers=own_sizer))
+    alone = decode_batch(NamedScriptTarget(texts), requests([1]), config, sizer=LoadSizer(quarter_node))[0]
+    assert asked == [0, 1], "one sizer per request, asked with its index"
+    assert after_failing[1].tokens == alone.tokens == texts[1]
+    assert after_failing[1].stats.steps == alone.stats.steps, "the same widths, step for step"
+    assert max(width for _, width, _ in alone.stats.steps) > 1
 
 
 def width_row_by_row(sizer, kinds, trees, emitted):
