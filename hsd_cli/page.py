@@ -123,6 +123,12 @@ class Page:
         """What a checkpoint and the finished document keep: the rendering is megabytes a page."""
         return replace(self, picture=None)
 
+    def without_figures(self) -> Page:
+        """What a document holds of a page checkpointed with its figures until it is written (their
+        crops are read back from the checkpoint then): a long document's figures would otherwise
+        pile up in memory, megabytes a page."""
+        return replace(self, figures=())
+
 
 @dataclass(frozen=True)
 class DocumentResult:

@@ -318,7 +318,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 emit("page_done", {"page": page_no, "flags": list(result.flags)})
             if PageFlag.FAILED in result.flags:
                 failures[page_no] = str(result.flags[-1])
-            pages.append(result)
+            pages.append(result.without_figures() if checkpoint.exists() else result)
         warnings += [f"page {page.page_no}: {page.notice}" for page in pages if page.notice]
         result = DocumentResult(
             pages=tuple(pages), page_count=pdf.page_count, metadata=_metadata(pdf), warnings=tuple(warnings),
@@ -333,12 +333,20 @@ def _png_bytes(image) -> bytes:
     return buffer.getvalue()
 
 
+def _page_figures(page: Page, task: DocumentTask) -> tuple[tuple[str, object], ...]:
+    """The page's figure crops: held in memory (a page without a checkpoint), else read back from its checkpoint."""
+    if page.figures or task.config.images is not ImageMode.REF:
+        return page.figures
+    checkpointed = _load_checkpoint(_checkpoint_path(task, page.page_no))
+    return checkpointed.figures if checkpointed else ()
+
+
 def write_document(result: DocumentResult, task: DocumentTask) -> dict[str, str]:
     """Figures, then Markdown, then JSON (last: a present JSON means the set is complete)."""
     outputs = task.outputs
     figure_files = {}
     for page in result.pages:
-        for block_id, crop in page.figures:
+        for block_id, crop in _page_figures(page, task):
             path = outputs.images_dir / f"{block_id}.png"
             write_atomic(path, _png_bytes(crop))
             figure_files[block_id] = f"{outputs.images_dir.name}/{path.name}"

@@ -120,3 +120,40 @@ def test_every_document_reports_the_worker_peak_memory(converted):
     assert sorted(record["stats"]["peak_rss_mib"] for record in manifest) == sorted(peaks)
     assert summary["peak_rss_mib"]["worker"] == max(peaks)
     assert isinstance(summary["peak_rss_mib"]["parent"], int)
+
+
+def test_a_documents_figures_wait_for_its_files_on_disk_not_in_memory(tmp_path):
+    """A long document streams: the pages it holds until it is written keep no figure crops (they
+    are read back from the page checkpoints), and every figure still reaches the output."""
+    from pathlib import Path
+
+    import pymupdf
+
+    from hsd_cli.config import ConvertConfig, DraftBackendName
+    from hsd_cli.inputs import InputDocument, OutputPaths
+    from hsd_cli.pipeline import convert_document, write_document
+    from hsd_cli.tasks import DocumentTask
+
+    picture = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 200, 150), False)
+    picture.set_rect(picture.irect, (40, 120, 200))
+    pdf = tmp_path / "figures.pdf"
+    with pymupdf.open() as doc:
+        for number in range(1, 4):
+            page = doc.new_page(width=595, height=842)
+            page.insert_text((72, 72), f"Page {number} has a picture", fontsize=14)
+            page.insert_image(pymupdf.Rect(72, 100, 400, 350), pixmap=picture)
+        doc.save(pdf)
+    outputs = OutputPaths(markdown=tmp_path / "figures.md", json=tmp_path / "figures.json", images_dir=tmp_path / "figures_images")
+    task = DocumentTask(
+        doc=InputDocument(path=pdf, relpath=Path("figures.pdf"), kind="pdf"), outputs=outputs,
+        config=ConvertConfig(output_dir=tmp_path, draft_backend=DraftBackendName.PDF_TEXT), sha256="0",
+        checkpoint_dir=tmp_path / "checkpoints",
+    )
+    result, failures = convert_document(task, lambda name, payload: None)
+    assert not failures and len(result.pages) == 3
+    assert all(page.figures == () for page in result.pages), "figure crops held in memory"
+    write_document(result, task)
+    written = sorted(outputs.images_dir.iterdir())
+    assert len(written) == 3 and all(path.read_bytes().startswith(b"\x89PNG") for path in written)
+    markdown = outputs.markdown.read_text()
+    assert all(f"figures_images/{path.name}" in markdown for path in written)
