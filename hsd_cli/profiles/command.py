@@ -101,10 +101,6 @@ def profile(
         raise typer.BadParameter(f"unknown device {analytic!r}; known: {', '.join((*DEVICES, THIS_CPU))}", param_hint="--analytic")
     from hsd_cli.models.tiny import architecture_config
 
-    if model is not None:
-        from hsd_cli.bench.loading import bench_model_path
-
-        model = bench_model_path(model)  # a replay model's name is its build in the user cache
     if analytic:
         if random_weights:
             config, name = architecture_config(random_weights), Path(random_weights).stem
