@@ -334,8 +334,10 @@ def _png_bytes(image) -> bytes:
 
 
 def _page_figures(page: Page, task: DocumentTask) -> tuple[tuple[str, object], ...]:
-    """The page's figure crops: held in memory (a page without a checkpoint), else read back from its checkpoint."""
-    if page.figures or task.config.images is not ImageMode.REF:
+    """The page's figure crops: held in memory (a page without a checkpoint), else read back from its
+    checkpoint (only where the page has a figure block: most pages have none)."""
+    has_figure = any(block.kind is BlockKind.FIGURE for block in page.blocks)
+    if page.figures or task.config.images is not ImageMode.REF or not has_figure:
         return page.figures
     checkpointed = _load_checkpoint(_checkpoint_path(task, page.page_no))
     return checkpointed.figures if checkpointed else ()

@@ -3,7 +3,12 @@ the pages go through the decoding loop with an oracle of their output tokens in 
 (the same acceptance, step for step: bench/oracle.py) and every prefill and forward is priced on the
 profile at its shape (rows, nodes per row, context). The outputs are a measured run's
 (`hsd bench throughput --profile`) or a real model's published ones (`hsd bench acceptance
---profile`): then no model runs at all."""
+--profile`): then no model runs at all.
+
+Every arm prefills the same pages at the same price, and speculation speeds up only the decoding:
+where prefills take a share s of the plain engine's seconds, no verification can make hsd more than
+1 / s times faster than it. Each arm's figures say so: its prefills' share of its seconds, and its
+pages per second counting only the decoding (the ratio that speculation moves)."""
 
 from __future__ import annotations
 
@@ -25,6 +30,18 @@ ARMS = ("generate", "plain-cb", "hsd-1", "hsd-cb")
 # A batched arm streams the pages, cycled, until this many times its rows have been read: a
 # saturated engine's rate, not a small corpus's tail of ever fewer rows.
 FILL = 3
+
+
+@dataclass(frozen=True)
+class ProjectedRun:
+    """Pages read, and their seconds on the profile: in all, and in prefills."""
+
+    pages: int = 0
+    seconds: float = 0.0
+    prefill_s: float = 0.0
+
+    def __add__(self, other: ProjectedRun) -> ProjectedRun:
+        return ProjectedRun(self.pages + other.pages, self.seconds + other.seconds, self.prefill_s + other.prefill_s)
 
 
 class CorpusPage(Protocol):
@@ -55,6 +72,7 @@ class PricedOracle(OracleTarget):
         self.profile, self.prompt_tokens, self.sides = profile, prompt_tokens, sides
         self.forward_saving_s = forward_saving_s
         self.seconds = 0.0
+        self.prefill_s = 0.0  # of `seconds`
         self._prompts: dict[int, int] = {}  # request index -> prompt tokens
 
     def inputs(self, images: Sequence[Any], prompts: Sequence[str]) -> dict:
@@ -62,7 +80,9 @@ class PricedOracle(OracleTarget):
 
     def prefill(self, inputs: dict) -> tuple[PricedState, torch.Tensor]:
         # Each joining row's prefill priced alone, as hsd and the plain engine prefill them apart.
-        self.seconds += sum(self.profile.prefill_s(self.sides[prompt]) for prompt in inputs["prompts"])
+        prefill_s = sum(self.profile.prefill_s(self.sides[prompt]) for prompt in inputs["prompts"])
+        self.seconds += prefill_s
+        self.prefill_s += prefill_s
         state, logits = super().prefill(inputs)
         return _priced(state, [self.prompt_tokens[prompt] for prompt in inputs["prompts"]]), logits
 
@@ -97,8 +117,8 @@ def page_sizers(profile: Profile | None, pages: Sequence[CorpusPage], rows: int)
 def projected_seconds(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: bool, forward_saving_s: float,
-) -> tuple[int, float]:
-    """(pages read, seconds on `profile`) reading `pages` at `rows` (drafted or plainly), cycled to
+) -> ProjectedRun:
+    """The pages read and their seconds on `profile` reading `pages` at `rows` (drafted or plainly), cycled to
     FILL times the rows where they are fewer; `sized`: each page's verification sized for the load
     (`page_sizers`), else whole trees."""
     sides = {page.id: page.side for page in pages}
@@ -113,18 +133,18 @@ def projected_seconds(
     sizers = page_sizers(profile, stream, rows) if sized else None
     for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizers=sizers):
         pass
-    return len(stream), oracle.seconds
+    return ProjectedRun(len(stream), oracle.seconds, oracle.prefill_s)
 
 
 def projected_arms(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, rows: Sequence[int], graph_saving_s: float,
-) -> dict[str, dict[int, float]]:
-    """arm -> rows -> (pages read, projected seconds) for `pages` (one kind). The plain engine gets
+) -> dict[str, dict[int, ProjectedRun]]:
+    """arm -> rows -> the projected run of `pages` (one kind). The plain engine gets
     `graph_saving_s` per forward on an analytic profile only (a measured one has its own launches)."""
     saving = graph_saving_s if profile.kind == "analytic" else 0.0
 
-    def seconds(r: int, drafted: bool, forward_saving_s: float = 0.0) -> tuple[int, float]:
+    def seconds(r: int, drafted: bool, forward_saving_s: float = 0.0) -> ProjectedRun:
         return projected_seconds(pages, outputs, tokenizer, stop_token_ids, profile, match, config,
                                  rows=r, drafted=drafted, sized=drafted, forward_saving_s=forward_saving_s)
 
@@ -136,21 +156,28 @@ def projected_arms(
     }
 
 
-def summed(runs: Sequence[dict[str, dict[int, tuple[int, float]]]]) -> dict[str, dict[int, tuple[int, float]]]:
+def summed(runs: Sequence[dict[str, dict[int, ProjectedRun]]]) -> dict[str, dict[int, ProjectedRun]]:
     """The runs of several kinds one after the other: pages and seconds added."""
-    return {
-        arm: {r: (sum(run[arm][r][0] for run in runs), sum(run[arm][r][1] for run in runs)) for r in by}
-        for arm, by in runs[0].items()
-    }
+    return {arm: {r: sum((run[arm][r] for run in runs), ProjectedRun()) for r in by} for arm, by in runs[0].items()}
 
 
-def projected_json(runs: dict[str, dict[int, tuple[int, float]]]) -> dict[str, Any]:
-    """Pages per second per arm at its best rows, and per row count."""
+def _rate(pages: int, seconds: float) -> float:
+    return pages / seconds if seconds > 0 else 0.0
+
+
+def projected_json(runs: dict[str, dict[int, ProjectedRun]]) -> dict[str, Any]:
+    """Per arm at its best rows: pages per second, and the share of its seconds in prefills; at its
+    best rows counting only the decoding: pages per decoding second. Pages per second per row count."""
     arms, by_rows = {}, {}
     for arm, by_count in runs.items():
-        rates = {r: pages / s if s else 0.0 for r, (pages, s) in by_count.items()}
-        best = max(rates, key=rates.__getitem__)
-        arms[arm] = {"best_rows": best, "pages_per_s": round(rates[best], 3)}
+        rates = {r: _rate(run.pages, run.seconds) for r, run in by_count.items()}
+        decode_rates = {r: _rate(run.pages, run.seconds - run.prefill_s) for r, run in by_count.items()}
+        best, decode_best = max(rates, key=rates.__getitem__), max(decode_rates, key=decode_rates.__getitem__)
+        arms[arm] = {
+            "best_rows": best, "pages_per_s": round(rates[best], 3),
+            "prefill_share": round(by_count[best].prefill_s / by_count[best].seconds, 3) if by_count[best].seconds else 0.0,
+            "decode_best_rows": decode_best, "decode_pages_per_s": round(decode_rates[decode_best], 3),
+        }
         for r, rate in rates.items():
             by_rows.setdefault(str(r), {})[arm] = round(rate, 3)
     return {"arms": arms, "by_rows": dict(sorted(by_rows.items(), key=lambda item: int(item[0])))}

@@ -37,6 +37,8 @@ from hsd_cli.inputs import InputDocument, discover
 if TYPE_CHECKING:
     from PIL import Image
 
+    from hsd_cli.bench.corpus_projection import ProjectedRun
+
     from hsd_cli.decoding import DecodeRequest
     from hsd_cli.decoding.sizing import LoadSizer
     from hsd_cli.stages.vlm import VlmModel
@@ -202,7 +204,7 @@ def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[i
 
     kinds = [kind for kind in KINDS if any(page.kind == kind for page in pages)]
     measured: dict[str, dict[str, dict[int, ArmRun]]] = {}
-    projected: dict[str, dict[str, dict[int, tuple[int, float]]]] = {}
+    projected: dict[str, dict[str, dict[int, ProjectedRun]]] = {}
     model.target.generate_plainly(pages[0].picture, model.settings.page_prompt, 1)  # lazy initialisation, untimed
     for kind in kinds:
         of_kind = [page for page in pages if page.kind == kind]
@@ -243,14 +245,16 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title="pages per second (best rows)")
-    for column in ("kind", "arm", "best rows", "pages/s", "tokens/s", "latency s", "identical", "projected rows", "projected pages/s"):
+    for column in ("kind", "arm", "best rows", "pages/s", "tokens/s", "latency s", "identical", "projected rows", "projected pages/s",
+                   "projected prefill share"):
         table.add_column(column, justify="left" if column in ("kind", "arm") else "right")
     for kind, entry in report["kinds"].items():
         for arm, row in entry["arms"].items():
             projected = row.get("projected") or {}
             table.add_row(kind, arm, str(row["best_rows"]), f"{row['pages_per_s']:.3f}", f"{row['tokens_per_s']:.1f}",
                           f"{row['mean_latency_s']:.2f}", f"{row['identical_share']:.0%}", str(projected.get("best_rows", "-")),
-                          f"{projected['pages_per_s']:.2f}" if projected else "-")
+                          f"{projected['pages_per_s']:.2f}" if projected else "-",
+                          f"{projected['prefill_share']:.0%}" if projected else "-")
     Console(stderr=True).print(table)
 
 

@@ -149,10 +149,11 @@ def _kind(sequence: _Sequence) -> str:
     return type(sequence.request.proposer).__name__
 
 
-def _propose(active: list[_Sequence]) -> list[TokenTree]:
-    """Each row's tree, cut to the width its sizer prices best for the rows it sizes (whole
-    without a sizer)."""
-    trees = [s.request.proposer.propose(s.tokens) for s in active]
+def _propose(active: list[_Sequence]) -> tuple[list[TokenTree], list[TokenTree]]:
+    """Each row's tree as proposed, and as cut to the width its sizer prices best for the rows it
+    sizes (whole without a sizer)."""
+    proposed = [s.request.proposer.propose(s.tokens) for s in active]
+    trees = list(proposed)
     sized: dict[int, list[int]] = {}
     for row, sequence in enumerate(active):
         if sequence.sizer is not None:
@@ -162,7 +163,7 @@ def _propose(active: list[_Sequence]) -> list[TokenTree]:
         width = sizer.width([_kind(active[r]) for r in rows], [trees[r] for r in rows], [len(active[r].tokens) for r in rows])
         for row in rows:
             trees[row] = trees[row].first(width)
-    return trees
+    return proposed, trees
 
 
 def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
@@ -183,7 +184,7 @@ def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sam
 
 def _step(target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
     start = perf_counter()
-    row_trees = _propose(active)
+    proposed, row_trees = _propose(active)
     trees = batch_trees(row_trees)
     proposed_at = perf_counter()
     logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors))
@@ -191,9 +192,9 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
     outcomes = _verify(active, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])
     # Each row's accepted tokens are read from its own tree (Python tuples), not from the batch's tensors.
-    for sequence, tree, outcome in zip(active, row_trees, outcomes):
+    for sequence, whole, tree, outcome in zip(active, proposed, row_trees, outcomes):
         if sequence.sizer is not None:
-            sequence.sizer.observe(_kind(sequence), tree, outcome.path)
+            sequence.sizer.observe(_kind(sequence), tree, outcome.path, whole, outcome.bonus)
         path_tokens = [tree.tokens[node] for node in outcome.path[1:]]
         sequence.request.proposer.observe(path_tokens)
         emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)

@@ -14,7 +14,9 @@ Trees are cut to their first nodes: proposers order nodes best first (parents be
 a tree's first n nodes are its most promising subtree.
 
 Acceptance is learned from the run: per proposer kind and match evidence (`TokenTree.evidence`),
-the share of steps whose path, having reached depth d - 1 where the tree went on, reached depth d.
+the share of steps whose path, having reached depth d - 1 where the tree went on, reached depth d
+(a plain step of a row that had a draft counts at depth 1: its token tells whether the draft's first
+node would have been accepted).
 Knows nothing of models: `step_cost` is any function (a cost profile's `step_s`: the forward and
 the host work around it).
 """
@@ -146,8 +148,14 @@ class LoadSizer:
             self._prices[key] = self.step_cost(rows, width, context)
         return self._prices[key]
 
-    def observe(self, kind: str, tree: TokenTree, path: Sequence[int]) -> None:
-        """Learn from a verified tree (as cut) and its accepted path (node indices, root first)."""
+    def observe(self, kind: str, tree: TokenTree, path: Sequence[int], proposed: TokenTree | None = None,
+                next_token: int | None = None) -> None:
+        """Learn from a verified tree (as cut) and its accepted path (node indices, root first). A
+        step cut to its root still says whether the `proposed` tree's first node would have been
+        accepted: the model chose `next_token` after the root. Without that, a sizer that stopped
+        verifying a draft that failed would never see it hold again."""
+        if len(tree) == 1 and proposed is not None and len(proposed) > 1:
+            tree, path = proposed.first(2), [0, 1] if next_token == proposed.tokens[1] else [0]
         outcomes = depth_outcomes(tree.parents, path)
         for counts in (self._counts.setdefault((kind, tree.evidence), _DepthCounts()), self._pooled.setdefault(kind, _DepthCounts())):
             for depth, reached in outcomes:

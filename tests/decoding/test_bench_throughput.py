@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
-from hsd_cli.bench.corpus_projection import FILL, projected_arms, projected_seconds
+from hsd_cli.bench.corpus_projection import FILL, ProjectedRun, projected_arms, projected_json, projected_seconds
 from hsd_cli.decoding.loop import DecodeConfig
 from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
 
@@ -58,21 +58,21 @@ PAGES = [Page("a", 1000, (text(ANSWERS["a"][:-1]),)), Page("b", 1000, ())]
 
 def test_plain_reading_one_page_at_a_time_is_a_prefill_and_a_forward_per_further_token():
     tokens = sum(len(answer) for answer in ANSWERS.values())
-    assert seconds(PAGES, 1, drafted=False, sized=False) == (2, pytest.approx(2 * PREFILL_S + (tokens - 2) * FORWARD_S))
+    run = seconds(PAGES, 1, drafted=False, sized=False)
+    assert (run.pages, run.seconds, run.prefill_s) == (2, pytest.approx(2 * PREFILL_S + (tokens - 2) * FORWARD_S), pytest.approx(2 * PREFILL_S))
 
 
 def test_rows_read_together_share_their_forwards_over_the_pages_cycled_to_fill_them():
-    pages, together = seconds(PAGES, 2, drafted=False, sized=False)
-    assert pages == FILL * 2, "two pages cycled until three times the rows are read"
-    _, alone = seconds(PAGES, 1, drafted=False, sized=False)
-    assert together < pages / len(PAGES) * alone * 0.75
+    together = seconds(PAGES, 2, drafted=False, sized=False)
+    assert together.pages == FILL * 2, "two pages cycled until three times the rows are read"
+    alone = seconds(PAGES, 1, drafted=False, sized=False)
+    assert together.seconds < together.pages / len(PAGES) * alone.seconds * 0.75
 
 
 def test_a_draft_of_the_whole_page_takes_one_forward_and_the_graph_saving_only_plain_forwards():
-    assert seconds(PAGES[:1], 1, drafted=True, sized=False) == (1, pytest.approx(PREFILL_S + FORWARD_S))
-    assert seconds(PAGES[:1], 1, drafted=False, sized=False, saving=0.004) == (1, pytest.approx(
-        PREFILL_S + (len(ANSWERS["a"]) - 1) * (FORWARD_S - 0.004)
-    ))
+    assert seconds(PAGES[:1], 1, drafted=True, sized=False) == ProjectedRun(1, pytest.approx(PREFILL_S + FORWARD_S), PREFILL_S)
+    plain = seconds(PAGES[:1], 1, drafted=False, sized=False, saving=0.004)
+    assert (plain.pages, plain.seconds) == (1, pytest.approx(PREFILL_S + (len(ANSWERS["a"]) - 1) * (FORWARD_S - 0.004)))
 
 
 def test_projected_arms_apply_the_graph_saving_to_the_plain_engine_on_analytic_profiles_only():
@@ -83,10 +83,22 @@ def test_projected_arms_apply_the_graph_saving_to_the_plain_engine_on_analytic_p
 
     measured, analytic = arms("measured"), arms("analytic")
     assert measured["plain-cb"][1] == measured["generate"][1]
-    assert analytic["plain-cb"][1][1] < analytic["generate"][1][1]
-    assert analytic["hsd-1"][1] == measured["hsd-1"][1] and measured["hsd-1"][1][1] < measured["generate"][1][1]
+    assert analytic["plain-cb"][1].seconds < analytic["generate"][1].seconds
+    assert analytic["hsd-1"][1] == measured["hsd-1"][1] and measured["hsd-1"][1].seconds < measured["generate"][1].seconds
     assert set(measured) == {"generate", "plain-cb", "hsd-1", "hsd-cb"} and set(measured["hsd-cb"]) == {1, 2}
     assert measured["hsd-cb"][1] == measured["hsd-1"][1], "at one row, each page sized afresh as hsd-1 sizes it"
+
+
+def test_projected_figures_say_what_share_of_an_arm_is_prefill_and_its_rate_counting_only_the_decoding():
+    runs = {"plain-cb": {1: ProjectedRun(4, 8.0, 2.0), 8: ProjectedRun(24, 12.0, 6.0)},
+            "hsd-cb": {1: ProjectedRun(4, 4.0, 2.0), 8: ProjectedRun(24, 8.0, 6.0)}}
+    arms = projected_json(runs)["arms"]
+    assert arms["plain-cb"] == {"best_rows": 8, "pages_per_s": 2.0, "prefill_share": 0.5, "decode_best_rows": 8,
+                                "decode_pages_per_s": 4.0}
+    assert arms["hsd-cb"] == {"best_rows": 8, "pages_per_s": 3.0, "prefill_share": 0.75, "decode_best_rows": 8,
+                              "decode_pages_per_s": 12.0}
+    # The prefills bound the ratio: hsd's decoding 3x the plain engine's, its pages 1.5x, never past 1 / 0.5.
+    assert arms["hsd-cb"]["pages_per_s"] / arms["plain-cb"]["pages_per_s"] < 1 / arms["plain-cb"]["prefill_share"]
 
 
 @pytest.fixture(scope="module")

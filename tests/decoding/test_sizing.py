@@ -167,6 +167,31 @@ def test_drafts_that_keep_failing_cost_nothing_once_learned():
     assert widths[-100:] == [1] * 100, "after learning, plain steps"
 
 
+def test_a_draft_that_starts_to_hold_after_failing_is_verified_again():
+    """Plain steps still learn: each one's token says whether the draft's first node would have held."""
+    text = scripts(1, 700, seed=9)[0]
+    draft = noisy(text[:100], 1.0, 10) + text[100:]  # wrong for 100 tokens, then the model's own
+    request = DecodeRequest(None, "", DraftProposer([draft]))
+    result = decode_batch(ScriptedTarget([text]), [request], DecodeConfig(max_new_tokens=800, repetition_guard=False),
+                          sizer=LoadSizer(half_node))[0]
+    assert result.tokens == text
+    widths = [width for _, width, _ in result.stats.steps]
+    assert 1 in widths[:60], "the failing draft stopped being verified"
+    assert max(widths[-20:]) > 1, "and was verified again once it held"
+
+
+def test_a_plain_step_teaches_depth_one_only():
+    sizer = LoadSizer(half_node)
+    root = TokenTree.chain(5, [])
+    for _ in range(10):
+        sizer.observe("k", root, [0], CHAIN, next_token=6)  # CHAIN's first node is 6: it would have held
+    sizer.observe("k", root, [0], CHAIN, next_token=1)
+    sizer.observe("k", root, [0])  # nothing proposed: nothing learned
+    counts = sizer._counts["k", CHAIN.evidence]
+    assert (counts.tried[1], counts.reached[1]) == (11, 10)
+    assert sum(counts.tried[2:]) == 0
+
+
 def test_a_request_with_a_sizer_of_its_own_is_sized_as_if_read_alone_whatever_was_read_before_it():
     texts = scripts(2, 300, seed=7)
     drafts = [[noisy(texts[0], 1.0, 8)], [texts[1]]]  # the first request's drafts all fail, the second's all hold
