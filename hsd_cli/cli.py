@@ -23,7 +23,7 @@ from hsd_cli.bench import bench_app
 from hsd_cli.eval import eval_app
 from hsd_cli.profiles.command import profile as profile_command
 from hsd_cli.replay import replay_app
-from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Stages, UsageError
+from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Sizing, Stages, UsageError
 from hsd_cli.settings import describe_sources, load_config_callback
 
 app = typer.Typer(
@@ -164,6 +164,10 @@ def convert(
     max_rows: Annotated[
         int, typer.Option(envvar=_env("max_rows"), help="Rows the model keeps in flight: with a model, this many documents share one worker process and the model's forwards (local executor).")
     ] = 1,
+    sizing: Annotated[
+        Sizing,
+        typer.Option(envvar=_env("sizing"), help="With --max-rows above 1 and a cost profile: size each step's trees per page (a page's counts are those it gets alone) or for the whole batch (faster under load; counts depend on the pages sharing it)."),
+    ] = Sizing.PAGE,
     executor: Annotated[
         Executor,
         typer.Option(envvar=_env("executor"), help="Run documents in local worker processes or on a Ray cluster (pip install 'hsd-cli\\[ray]'; OUT must be a path every node sees)."),
@@ -231,6 +235,7 @@ def convert(
             max_page_error_rate=max_page_error_rate,
             max_docs_per_worker=max_docs_per_worker,
             max_rows=max_rows,
+            sizing=sizing,
             executor=executor,
             ray_address=ray_address,
             gpus_per_worker=gpus_per_worker,

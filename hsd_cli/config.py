@@ -42,6 +42,18 @@ class Executor(StrEnum):
     RAY = "ray"
 
 
+class Sizing(StrEnum):
+    """What each step's tree widths are chosen for, with a cost profile and documents sharing the
+    model's batch (--max-rows above 1). PAGE: each page's rows as if every row of the batch were like
+    them, so that a page's counts are those it gets alone; but the forward is as wide as its widest
+    row, and every row pays for it. BATCH: one width for all the rows in the batch, learned from all
+    of them: no row pays for another's nodes, and a page's counts depend on the pages it shared
+    forwards with (never its tokens)."""
+
+    PAGE = "page"
+    BATCH = "batch"
+
+
 class UsageError(ValueError):
     """A bad option value; the CLI turns it into exit code 2."""
 
@@ -128,6 +140,7 @@ class RunConfig:
     # Rows the model keeps in flight: documents in flight in one local worker process when a
     # model runs (runner.documents_in_flight), so that their pages share the model's forwards.
     max_rows: int = 1
+    sizing: Sizing = Sizing.PAGE
     executor: Executor = Executor.LOCAL
     ray_address: str | None = None  # None: RAY_ADDRESS, else a Ray instance started for the run
     gpus_per_worker: float = 0.0  # Ray: GPUs each worker actor claims (0 = a CPU worker)

@@ -272,7 +272,7 @@ def release_freed_memory() -> None:
 def _vlm_model(task: DocumentTask) -> VlmModel | None:
     """The model of the VLM stages, or None for a draft-only run, whose worker then never imports
     torch and transformers (180 MiB)."""
-    options = vlm_options(task.config, task.reads_page, task.max_rows)
+    options = vlm_options(task.config, task.reads_page, task.max_rows, task.sizing)
     if options is None:
         return None
     from hsd_cli.stages.vlm import VlmModel

@@ -257,6 +257,7 @@ class BatchRun:
             page_timeout=self.run.page_timeout,
             reads_page=self.reads_page,
             max_rows=self.run.max_rows,
+            sizing=self.run.sizing,
         )
         self.events.emit("doc_started", input=str(doc.path))
         outcome = pool.convert(task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload))

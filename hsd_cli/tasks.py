@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hsd_cli.config import ConvertConfig, Stages
+from hsd_cli.config import ConvertConfig, Sizing, Stages
 from hsd_cli.inputs import InputDocument, OutputPaths
 from hsd_cli.output.json_doc import SCHEMA_VERSION
 from hsd_cli.records import DocStatus
@@ -39,6 +39,7 @@ class DocumentTask:
     lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
     reads_page: Callable[[Image.Image], bool] | None = None  # a replay model's pages (VlmOptions.reads_page)
     max_rows: int = 1  # rows the worker's model keeps in flight (--max-rows)
+    sizing: Sizing = Sizing.PAGE  # --sizing
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ def runs_model(config: ConvertConfig) -> bool:
 
 def vlm_options(
     config: ConvertConfig, reads_page: Callable[[Image.Image], bool] | None = None, max_rows: int = 1,
+    sizing: Sizing = Sizing.PAGE,
 ) -> VlmOptions | None:
     if not runs_model(config):
         return None
@@ -93,6 +95,7 @@ def vlm_options(
         profile=config.profile,
         reads_page=reads_page,
         max_rows=max_rows,
+        sizing=sizing,
     )
 
 

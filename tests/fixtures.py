@@ -183,3 +183,16 @@ def pageless_pdf(path: Path) -> Path:
     body += b"trailer\n<</Size 3/Root 1 0 R>>\nstartxref\n%d\n%%%%EOF\n" % xref
     path.write_bytes(body)
     return path
+
+
+def half_node_profile(path: Path) -> Path:
+    """A cost profile (JSON) on which every tree node costs half a plain row: trees pay only where
+    drafts hold."""
+    import json
+
+    from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
+
+    forwards = tuple(ForwardCost(r, n, c, 0.01 * r * (1 + (n - 1) / 2)) for r in (1, 64) for n in (1, 64) for c in (16, 8192))
+    prefills = (PrefillCost(100, 10, 0.05), PrefillCost(4000, 10, 0.05))
+    path.write_text(json.dumps(Profile("half-node", "m", "d", "float32", "measured", forwards, prefills).to_json()))
+    return path

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_hsd
+from tests.fixtures import half_node_profile
 from tests.test_batch import _manifest, _statuses
 
 
@@ -69,3 +70,21 @@ def test_a_stalled_page_and_a_crash_cost_only_their_own_documents(corpus, tiny_m
     kept = json.loads((out / "doc3.json").read_text())
     flags = [page["flags"] for page in kept["pages"]]
     assert flags == [["vlm", "truncated"]] * 2, "read by the model, not drafts standing in"
+
+
+def test_batch_sizing_changes_no_markdown_byte(corpus, tiny_model, tmp_path):
+    profile = half_node_profile(tmp_path / "profile.json")
+    markdown = {}
+    for rows, sizing in ((1, "page"), (3, "batch")):
+        out = tmp_path / f"{sizing}"
+        result = run_hsd("convert", corpus, "-o", out, "--json", "--pages", "1", "--max-rows", rows, "--sizing", sizing,
+                         "--profile", profile, *_model_args(tiny_model))
+        assert result.exit_code == 0, result.stderr
+        assert set(_statuses(result).values()) == {"ok"}
+        markdown[sizing] = {path.name: path.read_bytes() for path in sorted(out.glob("*.md"))}
+    assert len(markdown["page"]) == 4 and markdown["batch"] == markdown["page"]
+
+
+def test_an_unknown_sizing_is_refused_in_one_line(corpus, tmp_path):
+    result = run_hsd("convert", corpus, "-o", tmp_path / "out", "--sizing", "rows")
+    assert result.exit_code == 2 and "--sizing" in result.stderr

@@ -16,6 +16,7 @@ from hsd_cli.pipeline import DocumentSoFar, draft_stage, vlm_stage
 from hsd_cli.records import PageFlag
 from hsd_cli.stages.draft import make_draft_backend
 from hsd_cli.stages.outcome import TIMED_OUT_WHY
+from tests.fixtures import half_node_profile
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,35 @@ def test_a_page_past_its_deadline_keeps_its_draft(tiny_model, drafted_pages, max
     assert read.notice.startswith(TIMED_OUT_WHY) and read.reading is None
     assert read.blocks == page.blocks, "the draft stands in"
     assert replace(read, flags=page.flags, notice=page.notice, plan=page.plan) == page
+
+
+def test_batch_sizing_gives_every_read_the_workers_one_sizer_and_reads_what_alone_reads(tiny_model, drafted_pages, tmp_path):
+    from hsd_cli.config import Sizing
+    from hsd_cli.stages.vlm import VlmModel, VlmOptions
+
+    profile = half_node_profile(tmp_path / "profile.json")
+
+    def model(sizing):
+        return VlmModel(VlmOptions(model=str(tiny_model), dtype="float32", max_new_tokens=12, max_rows=8, sizing=sizing,
+                                   profile=str(profile)))
+
+    pictures = [page.picture for page in drafted_pages[:2]]
+    per_page = model(Sizing.PAGE)
+    assert per_page.sizer(pictures[0]) is not per_page.sizer(pictures[1])
+    batch = model(Sizing.BATCH)
+    assert batch.sizer(pictures[0]) is batch.sizer(pictures[1]), "one width for every row in flight"
+    assert batch.sizer(pictures[0]).batch_rows is None, "priced at the rows in flight"
+
+    alone_model = vlm_model(tiny_model, 1)
+    alone = [vlm_stage(page, alone_model, Stages.PAGE, DocumentSoFar()).text for page in drafted_pages]
+    together = [None] * len(drafted_pages)
+
+    def read(index):
+        together[index] = vlm_stage(drafted_pages[index], batch, Stages.PAGE, DocumentSoFar()).text
+
+    threads = [threading.Thread(target=read, args=(index,)) for index in range(len(drafted_pages))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert together == alone

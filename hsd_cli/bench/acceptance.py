@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from hsd_cli.config import Sizing
+
 if TYPE_CHECKING:
     from hsd_cli.bench.oracle import BenchPage
     from hsd_cli.models.settings import ModelSettings
@@ -64,7 +66,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
 
 def projected_throughput(
     pages: list[BenchPage], tokenizer: Any, stop_token_id: int, match: str, config: Any, profile_name: str,
-    rows: tuple[int, ...], graph_saving_s: float,
+    rows: tuple[int, ...], graph_saving_s: float, sizing: Sizing,
 ) -> dict[str, Any]:
     """Per page kind and over all pages (the kinds one after the other): each throughput arm's
     projected pages per second on the profile's device, with the published outputs as the model's."""
@@ -78,12 +80,12 @@ def projected_throughput(
     outputs = {page.id: tokenizer.encode(page.output, add_special_tokens=False) + [stop_token_id] for page in pages}
     by_kind = {
         kind.replace("-", "_"): projected_arms([page for page in pages if page.kind == kind], outputs, tokenizer,
-                                               [stop_token_id], profile, match, config, rows, graph_saving_s)
+                                               [stop_token_id], profile, match, config, rows, graph_saving_s, sizing)
         for kind in sorted({page.kind for page in pages})
     }
     kinds = {kind: projected_json(runs) for kind, runs in by_kind.items()}
     kinds["all"] = projected_json(summed(list(by_kind.values())))
-    return {"profile": profile.name, "profile_kind": profile.kind,
+    return {"profile": profile.name, "profile_kind": profile.kind, "sizing": sizing.value,
             "plain_graph_saving_s": graph_saving_s if profile.kind == "analytic" else 0.0, "kinds": kinds}
 
 
@@ -123,6 +125,7 @@ def acceptance(
     ] = None,
     rows: Annotated[str, typer.Option(help="Row counts to project, comma-separated (with --profile).")] = "1,2,4,8,16,32,64,128,256,448",
     graph_saving_ms: Annotated[float, typer.Option(help="Per-forward launch time a CUDA-graph plain engine saves against hsd's eager 4 ms (analytic profiles).")] = 3.0,
+    sizing: Annotated[Sizing, typer.Option(help="How the projected hsd-cb arm sizes its trees, as `hsd convert --sizing`: per page, or for the whole batch.")] = Sizing.PAGE,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Acceptance in a real model's tokens: forwards and tau of lossless greedy decoding on hsd's
@@ -159,7 +162,7 @@ def acceptance(
     report = run_acceptance(pages, loaded, stop_token_id, settings.draft_match, config)
     if profile is not None:
         report["throughput"] = projected_throughput(pages, loaded, stop_token_id, settings.draft_match, config, profile,
-                                                    row_counts(rows, "--rows"), graph_saving_ms / 1000)
+                                                    row_counts(rows, "--rows"), graph_saving_ms / 1000, sizing)
     report.update(
         outputs=str(outputs), inputs=str(inputs), tokenizer=tokenizer, family=settings.family,
         family_match=settings.draft_match, end_token=end, max_new_tokens=settings.max_new_tokens,

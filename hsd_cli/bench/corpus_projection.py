@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from hsd_cli.bench.oracle import OracleState, OracleTarget
+from hsd_cli.config import Sizing
 from hsd_cli.decoding import DecodeConfig, DecodeRequest, NoDraftProposer, make_proposer
 from hsd_cli.decoding.loop import decode_stream
 from hsd_cli.decoding.sizing import LoadSizer
@@ -103,24 +104,29 @@ class PricedOracle(OracleTarget):
         return _priced(super().join(states), [p for state in states for p in state.prompt_tokens])
 
 
-def page_sizers(profile: Profile | None, pages: Sequence[CorpusPage], rows: int) -> Callable[[int], LoadSizer] | None:
-    """A sizer for each page read (by its index in `pages`), as `hsd convert --max-rows rows` sizes
-    each read: its acceptance learned afresh from that page alone, every forward priced at `rows`
-    (a busy engine's load); None without a profile (whole trees). A sizer shared by a stream's pages
-    would carry one page's failing drafts over to the next: once it prices trees at nothing, it
-    never sees them succeed again."""
+def read_sizers(profile: Profile | None, pages: Sequence[CorpusPage], rows: int, sizing: Sizing = Sizing.PAGE,
+                ) -> Callable[[int], LoadSizer] | None:
+    """A sizer for each page read (by its index in `pages`), as `hsd convert --max-rows rows
+    --sizing S` sizes each read; None without a profile (whole trees). PAGE (and any one row): its
+    acceptance learned afresh from that page alone, every forward priced at `rows` (a busy engine's
+    load). BATCH, above one row: one sizer for every read, priced at the rows in flight, its
+    context from the first page."""
     if profile is None:
         return None
+    if sizing is Sizing.BATCH and rows > 1:
+        shared = LoadSizer(profile.step_s, prompt_tokens=profile.prefill_tokens(pages[0].side))
+        return lambda index: shared
     return lambda index: LoadSizer(profile.step_s, prompt_tokens=profile.prefill_tokens(pages[index].side), batch_rows=rows)
 
 
 def projected_seconds(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: bool, forward_saving_s: float,
+    sizing: Sizing = Sizing.PAGE,
 ) -> ProjectedRun:
     """The pages read and their seconds on `profile` reading `pages` at `rows` (drafted or plainly), cycled to
-    FILL times the rows where they are fewer; `sized`: each page's verification sized for the load
-    (`page_sizers`), else whole trees."""
+    FILL times the rows where they are fewer; `sized`: verification sized for the load as `sizing`
+    says (`read_sizers`), else whole trees."""
     sides = {page.id: page.side for page in pages}
     prompt_tokens = {page_id: profile.prefill_tokens(side) for page_id, side in sides.items()}
     oracle = PricedOracle(tokenizer, outputs, stop_token_ids, profile, prompt_tokens, sides, forward_saving_s)
@@ -130,7 +136,7 @@ def projected_seconds(
         return DecodeRequest(None, page.id, proposer)
 
     stream = [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
-    sizers = page_sizers(profile, stream, rows) if sized else None
+    sizers = read_sizers(profile, stream, rows, sizing) if sized else None
     for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizers=sizers):
         pass
     return ProjectedRun(len(stream), oracle.seconds, oracle.prefill_s)
@@ -139,6 +145,7 @@ def projected_seconds(
 def projected_arms(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, rows: Sequence[int], graph_saving_s: float,
+    sizing: Sizing = Sizing.PAGE,
 ) -> dict[str, dict[int, ProjectedRun]]:
     """arm -> rows -> the projected run of `pages` (one kind). The plain engine gets
     `graph_saving_s` per forward on an analytic profile only (a measured one has its own launches)."""
@@ -146,7 +153,7 @@ def projected_arms(
 
     def seconds(r: int, drafted: bool, forward_saving_s: float = 0.0) -> ProjectedRun:
         return projected_seconds(pages, outputs, tokenizer, stop_token_ids, profile, match, config,
-                                 rows=r, drafted=drafted, sized=drafted, forward_saving_s=forward_saving_s)
+                                 rows=r, drafted=drafted, sized=drafted, forward_saving_s=forward_saving_s, sizing=sizing)
 
     return {
         "generate": {1: seconds(1, False)},

@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from hsd_cli.config import Sizing
 from hsd_cli.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
     from PIL import Image
 
     from hsd_cli.bench.corpus_projection import ProjectedRun
-
     from hsd_cli.decoding import DecodeRequest
     from hsd_cli.decoding.sizing import LoadSizer
     from hsd_cli.stages.vlm import VlmModel
@@ -158,18 +158,19 @@ def generated(model: VlmModel, pages: Sequence[CorpusPage]) -> ArmRun:
     return run
 
 
-def measured_runs(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int]) -> dict[str, dict[int, ArmRun]]:
-    """arm -> rows -> run, over `pages` (one kind). Generate and hsd-1 run at one row."""
-    from hsd_cli.bench.corpus_projection import page_sizers
+def measured_runs(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int], sizing: Sizing) -> dict[str, dict[int, ArmRun]]:
+    """arm -> rows -> run, over `pages` (one kind). Generate and hsd-1 run at one row; hsd-cb sizes
+    its trees as `hsd convert --sizing` does."""
+    from hsd_cli.bench.corpus_projection import read_sizers
 
     config = model.decode_config
     runs: dict[str, dict[int, ArmRun]] = {"generate": {1: generated(model, pages)}}
     runs["hsd-1"] = {1: ArmRun()}
     for page, request in zip(pages, page_requests(model, pages, drafted=True)):
-        runs["hsd-1"][1] += streamed(model.target, [page], [request], 1, config, page_sizers(model.profile, [page], 1))
+        runs["hsd-1"][1] += streamed(model.target, [page], [request], 1, config, read_sizers(model.profile, [page], 1))
     runs["plain-cb"] = {r: streamed(model.target, pages, page_requests(model, pages, False), r, config, None) for r in rows}
     runs["hsd-cb"] = {
-        r: streamed(model.target, pages, page_requests(model, pages, True), r, config, page_sizers(model.profile, pages, r))
+        r: streamed(model.target, pages, page_requests(model, pages, True), r, config, read_sizers(model.profile, pages, r, sizing))
         for r in rows
     }
     return runs
@@ -199,7 +200,7 @@ def row_counts(text: str, option: str) -> tuple[int, ...]:
 
 
 def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int], projected_rows: Sequence[int],
-                  graph_saving_s: float, progress: Any) -> dict[str, Any]:
+                  graph_saving_s: float, progress: Any, sizing: Sizing = Sizing.PAGE) -> dict[str, Any]:
     from hsd_cli.bench.corpus_projection import projected_arms, projected_json, summed
 
     kinds = [kind for kind in KINDS if any(page.kind == kind for page in pages)]
@@ -209,12 +210,12 @@ def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[i
     for kind in kinds:
         of_kind = [page for page in pages if page.kind == kind]
         progress(f"{kind}: {len(of_kind)} pages, rows {', '.join(map(str, rows))}")
-        measured[kind] = measured_runs(model, of_kind, rows)
+        measured[kind] = measured_runs(model, of_kind, rows, sizing)
         if model.profile is not None:
             outputs = measured[kind]["generate"][1].tokens
             projected[kind] = projected_arms(
                 of_kind, outputs, model.target.tokenizer, model.target.stop_token_ids, model.profile,
-                model.settings.draft_match, model.decode_config, projected_rows, graph_saving_s,
+                model.settings.draft_match, model.decode_config, projected_rows, graph_saving_s, sizing,
             )
     # The whole corpus: the kinds one after the other.
     measured["all"] = {arm: {r: sum((measured[k][arm][r] for k in kinds), ArmRun()) for r in by} for arm, by in measured[kinds[0]].items()}
@@ -268,6 +269,7 @@ def throughput(
     ] = None,
     projected_rows: Annotated[str, typer.Option(help="Row counts projected on the profile's device.")] = ",".join(map(str, PROJECTED_ROWS)),
     graph_saving_ms: Annotated[float, typer.Option(help="Per-forward launch time a CUDA-graph plain engine saves against hsd's eager 4 ms (analytic profiles).")] = 3.0,
+    sizing: Annotated[Sizing, typer.Option(help="How the hsd-cb arm sizes its trees, as `hsd convert --sizing`: per page, or for the whole batch.")] = Sizing.PAGE,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or mps (default: what is present).")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: as hsd convert).")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the model's repository.")] = False,
@@ -297,8 +299,9 @@ def throughput(
     if not pages:
         print("error: no page could be read", file=sys.stderr)
         raise typer.Exit(1)
-    report = corpus_report(vlm, pages, counts, projected_counts, graph_saving_ms / 1000, progress)
+    report = corpus_report(vlm, pages, counts, projected_counts, graph_saving_ms / 1000, progress, sizing)
     report.update(
+        sizing=sizing.value,
         model=model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), pages=len(pages), max_new_tokens=vlm.decode_config.max_new_tokens,
         sized=vlm.profile is not None, profile=vlm.profile.name if vlm.profile else None,

@@ -16,6 +16,7 @@ from hsd_cli.decoding import (
     load_target, make_proposer,
 )
 from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.config import Sizing
 from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.pipeline_lock import released, waited_s
 from hsd_cli.profiles import Profile, load_profile, profile_name, square_side
@@ -31,6 +32,7 @@ class VlmOptions:
     baseline: bool = False  # also decode plainly, to measure the speedup
     # Rows in flight: above 1, the pages that the worker's threads read at once share one batch.
     max_rows: int = 1
+    sizing: Sizing = Sizing.PAGE  # with max_rows above 1: trees sized per page or for the whole batch (config.Sizing)
     profile: str | None = None  # the cost profile `--stages auto` plans with (None: the stored one of this model, if any)
     # Does the model read this page? A replay model (a benchmark stand-in) recites only the pages it
     # was built on; `hsd convert` gives its check. None: the model reads any page.
@@ -120,6 +122,8 @@ class VlmModel:
         self.decode_config = DecodeConfig(max_new_tokens=budget)
         self.profile = cost_profile(options, str(self.target.device), str(self.target.dtype).removeprefix("torch."))
         self.engine = None
+        # --sizing batch: every read's sizer, made at the first read (reads are sized under the pipeline lock)
+        self._batch_sizer: LoadSizer | None = None
         if options.max_rows > 1:
             from hsd_cli.decoding.engine import BatchingEngine
 
@@ -127,14 +131,23 @@ class VlmModel:
 
     def sizer(self, picture: Image.Image) -> LoadSizer | None:
         """With a cost profile, each step verifies as many draft nodes as the profile prices best
-        (decoding/sizing.py), learning acceptance afresh per read so that a page's statistics do not
-        depend on the pages read before it; without one, whole trees. Rows that share the batch
-        with other pages' are priced at the full batch, --max-rows: the load a busy worker runs
-        at, and one that does not depend on which pages happen to be in flight."""
+        (decoding/sizing.py); without one, whole trees. Per page (--sizing page), acceptance is
+        learned afresh per read so that a page's statistics do not depend on the pages read before
+        it, and rows that share the batch with other pages' are priced at the full batch,
+        --max-rows: the load a busy worker runs at, and one that does not depend on which pages
+        happen to be in flight. For the batch (--sizing batch, with the shared batch), every read
+        gets the worker's one sizer: one width for all the rows in flight, priced at their number,
+        learned from every page (its context priced from the first picture it sizes)."""
         if self.profile is None:
             return None
         prompt_tokens = self.profile.prefill_tokens(square_side(*picture.size))
-        return LoadSizer(self.profile.step_s, prompt_tokens, batch_rows=self.options.max_rows if self.engine else None)
+        if self.engine is None:
+            return LoadSizer(self.profile.step_s, prompt_tokens)
+        if self.options.sizing is Sizing.PAGE:
+            return LoadSizer(self.profile.step_s, prompt_tokens, batch_rows=self.options.max_rows)
+        if self._batch_sizer is None:
+            self._batch_sizer = LoadSizer(self.profile.step_s, prompt_tokens)
+        return self._batch_sizer
 
     @contextmanager
     def page_deadline(self, deadline: float | None) -> Iterator[None]:

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
-from hsd_cli.bench.corpus_projection import FILL, ProjectedRun, projected_arms, projected_json, projected_seconds
+from hsd_cli.bench.corpus_projection import FILL, ProjectedRun, projected_arms, projected_json, projected_seconds, read_sizers
+from hsd_cli.config import Sizing
 from hsd_cli.decoding.loop import DecodeConfig
 from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
 
@@ -101,6 +102,19 @@ def test_projected_figures_say_what_share_of_an_arm_is_prefill_and_its_rate_coun
     assert arms["hsd-cb"]["pages_per_s"] / arms["plain-cb"]["pages_per_s"] < 1 / arms["plain-cb"]["prefill_share"]
 
 
+def test_batch_sizing_gives_every_read_one_sizer_above_one_row_as_convert_does():
+    per_page, batch = read_sizers(flat_profile(), PAGES, 2), read_sizers(flat_profile(), PAGES, 2, Sizing.BATCH)
+    assert per_page(0) is not per_page(1) and per_page(0).batch_rows == 2
+    assert batch(0) is batch(1) and batch(0).batch_rows is None
+    one_row = read_sizers(flat_profile(), PAGES, 1, Sizing.BATCH)
+    assert one_row(0) is not one_row(1), "one row: no shared batch, each read sized alone"
+    assert read_sizers(None, PAGES, 2, Sizing.BATCH) is None
+    config = DecodeConfig(max_new_tokens=64, repetition_guard=False)
+    runs = [projected_seconds(PAGES, ANSWERS, SpaceTokenizer(), [STOP], flat_profile(), "tokens", config, rows=2, drafted=True,
+                              sized=True, forward_saving_s=0.0, sizing=sizing) for sizing in Sizing]
+    assert runs[0].pages == runs[1].pages == FILL * 2
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     from hsd_cli.models.tiny_families import build_tiny_random
@@ -130,6 +144,7 @@ def test_bench_throughput_reports_every_arm_identical_to_generate_per_kind(tiny_
         assert set(entry["projected_by_rows"]) == {"1", "4"}
     pages = sum(pymupdf.open(path).page_count for path in inputs.iterdir())
     assert report["sized"] and report["plain_graph_saving_s"] == 0.003 and report["pages"] == pages
+    assert report["sizing"] == "page"
     assert report["draft_cpu_s_per_page"] > 0 and report["draft_cores_per_device"]["projected"] > 0
 
 
