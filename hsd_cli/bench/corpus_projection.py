@@ -22,7 +22,7 @@ from hsd_cli.bench.oracle import OracleState, OracleTarget
 from hsd_cli.config import Sizing
 from hsd_cli.decoding import DecodeConfig, DecodeRequest, NoDraftProposer, make_proposer
 from hsd_cli.decoding.loop import decode_stream
-from hsd_cli.decoding.sizing import LoadSizer
+from hsd_cli.decoding.sizing import LoadSizer, ReadSizers
 
 if TYPE_CHECKING:
     from hsd_cli.profiles import Profile
@@ -74,7 +74,6 @@ class PricedOracle(OracleTarget):
         self.forward_saving_s = forward_saving_s
         self.seconds = 0.0
         self.prefill_s = 0.0  # of `seconds`
-        self._prompts: dict[int, int] = {}  # request index -> prompt tokens
 
     def inputs(self, images: Sequence[Any], prompts: Sequence[str]) -> dict:
         return super().inputs(images, prompts) | {"prompts": list(prompts)}
@@ -107,16 +106,11 @@ class PricedOracle(OracleTarget):
 def read_sizers(profile: Profile | None, pages: Sequence[CorpusPage], rows: int, sizing: Sizing = Sizing.PAGE,
                 ) -> Callable[[int], LoadSizer] | None:
     """A sizer for each page read (by its index in `pages`), as `hsd convert --max-rows rows
-    --sizing S` sizes each read; None without a profile (whole trees). PAGE (and any one row): its
-    acceptance learned afresh from that page alone, every forward priced at `rows` (a busy engine's
-    load). BATCH, above one row: one sizer for every read, priced at the rows in flight, its
-    context from the first page."""
+    --sizing S` sizes each read (decoding.ReadSizers); None without a profile (whole trees)."""
     if profile is None:
         return None
-    if sizing is Sizing.BATCH and rows > 1:
-        shared = LoadSizer(profile.step_s, prompt_tokens=profile.prefill_tokens(pages[0].side))
-        return lambda index: shared
-    return lambda index: LoadSizer(profile.step_s, prompt_tokens=profile.prefill_tokens(pages[index].side), batch_rows=rows)
+    sizers = ReadSizers(profile.step_s, rows, shared=sizing is Sizing.BATCH)
+    return lambda index: sizers.sizer(profile.prefill_tokens(pages[index].side))
 
 
 def projected_seconds(

@@ -22,6 +22,7 @@ _MODULE_OF = {
     "DraftProposer": "proposer",
     "HFTarget": "target",
     "LoadSizer": "sizing",
+    "ReadSizers": "sizing",
     "NoDraftProposer": "proposer",
     "ProposerConfig": "proposer",
     "RepetitionLoop": "repetition",

@@ -162,3 +162,28 @@ class LoadSizer:
                 d = min(depth, MAX_DEPTH)
                 counts.tried[d] += 1
                 counts.reached[d] += reached
+
+
+class ReadSizers:
+    """The sizer each read gets from a worker whose engine keeps `rows` rows in flight.
+
+    Not `shared` (per read): acceptance learned afresh per read, so that a read's statistics do not
+    depend on the reads before it; above one row, every forward priced at `rows` (the load a busy
+    worker runs at, whichever reads happen to be in flight). `shared`, above one row: every read
+    gets one sizer, priced at the rows in flight and learning from every read, so that all rows
+    have one width and none pays for another's nodes (a forward is as wide as its widest row); its
+    context is priced from the first read's prompt. Callers size reads one at a time (the worker's
+    pipeline lock, the bench's loop)."""
+
+    def __init__(self, step_cost: StepCost, rows: int = 1, shared: bool = False) -> None:
+        self.step_cost = step_cost
+        self.rows = rows
+        self.shared = shared and rows > 1
+        self._one: LoadSizer | None = None
+
+    def sizer(self, prompt_tokens: int) -> LoadSizer:
+        if not self.shared:
+            return LoadSizer(self.step_cost, prompt_tokens, batch_rows=self.rows if self.rows > 1 else None)
+        if self._one is None:
+            self._one = LoadSizer(self.step_cost, prompt_tokens)
+        return self._one

@@ -12,7 +12,7 @@ from functools import cache
 from PIL import Image
 
 from hsd_cli.decoding import (
-    DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, UnsupportedTransformersError, check_cache_layout, decode_batch,
+    DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, ReadSizers, UnsupportedTransformersError, check_cache_layout, decode_batch,
     load_target, make_proposer,
 )
 from hsd_cli.decoding.target.families import adapter_for
@@ -122,32 +122,21 @@ class VlmModel:
         self.decode_config = DecodeConfig(max_new_tokens=budget)
         self.profile = cost_profile(options, str(self.target.device), str(self.target.dtype).removeprefix("torch."))
         self.engine = None
-        # --sizing batch: every read's sizer, made at the first read (reads are sized under the pipeline lock)
-        self._batch_sizer: LoadSizer | None = None
         if options.max_rows > 1:
             from hsd_cli.decoding.engine import BatchingEngine
 
             self.engine = BatchingEngine(self.target, self.decode_config, max_rows=options.max_rows)
+        rows = options.max_rows if self.engine is not None else 1
+        self.read_sizers = ReadSizers(self.profile.step_s, rows, options.sizing is Sizing.BATCH) if self.profile else None
 
     def sizer(self, picture: Image.Image) -> LoadSizer | None:
         """With a cost profile, each step verifies as many draft nodes as the profile prices best
-        (decoding/sizing.py); without one, whole trees. Per page (--sizing page), acceptance is
-        learned afresh per read so that a page's statistics do not depend on the pages read before
-        it, and rows that share the batch with other pages' are priced at the full batch,
-        --max-rows: the load a busy worker runs at, and one that does not depend on which pages
-        happen to be in flight. For the batch (--sizing batch, with the shared batch), every read
-        gets the worker's one sizer: one width for all the rows in flight, priced at their number,
-        learned from every page (its context priced from the first picture it sizes)."""
-        if self.profile is None:
+        (decoding/sizing.py), per page or for the whole batch as --sizing says (ReadSizers: a page
+        sized per page is priced at --max-rows rows, whichever pages share its forwards); without
+        one, whole trees."""
+        if self.read_sizers is None:
             return None
-        prompt_tokens = self.profile.prefill_tokens(square_side(*picture.size))
-        if self.engine is None:
-            return LoadSizer(self.profile.step_s, prompt_tokens)
-        if self.options.sizing is Sizing.PAGE:
-            return LoadSizer(self.profile.step_s, prompt_tokens, batch_rows=self.options.max_rows)
-        if self._batch_sizer is None:
-            self._batch_sizer = LoadSizer(self.profile.step_s, prompt_tokens)
-        return self._batch_sizer
+        return self.read_sizers.sizer(self.profile.prefill_tokens(square_side(*picture.size)))
 
     @contextmanager
     def page_deadline(self, deadline: float | None) -> Iterator[None]:

@@ -7,7 +7,7 @@ import pytest
 
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch, decode_stream
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
-from hsd_cli.decoding.sizing import CONTEXT_STEP, LoadSizer, deepest, depth_outcomes
+from hsd_cli.decoding.sizing import CONTEXT_STEP, LoadSizer, ReadSizers, deepest, depth_outcomes
 from hsd_cli.decoding.tree import TokenTree
 
 from .test_continuous_batching import NamedScriptTarget
@@ -95,6 +95,22 @@ def test_more_rows_verify_fewer_nodes_on_a_saturating_price():
     assert widths[0] == len(CHAIN), "one row: verifying is free"
     assert widths == sorted(widths, reverse=True) and widths[-1] < widths[0]
     assert widths[-1] == 1, "16 rows of 1 node already fill the 8 free tokens twice"
+
+
+def test_read_sizers_per_read_price_the_full_batch_and_shared_ones_the_rows_in_flight():
+    per_read = ReadSizers(saturating, rows=16)
+    first, second = per_read.sizer(100), per_read.sizer(200)
+    assert first is not second and (first.batch_rows, first.prompt_tokens, second.prompt_tokens) == (16, 100, 200)
+    teach(first, "k", CHAIN, 2, 30)
+    assert first.width(["k"], [CHAIN], [10]) == 1, "one row priced as 16: the tree does not pay"
+    assert second.width(["k"], [CHAIN], [10]) == 1, "nothing learned: the even prior does not pay either"
+    shared = ReadSizers(saturating, rows=16, shared=True)
+    one = shared.sizer(100)
+    assert shared.sizer(200) is one and (one.batch_rows, one.prompt_tokens) == (None, 100)
+    teach(one, "k", CHAIN, 2, 30)
+    assert one.width(["k"], [CHAIN], [10]) == len(CHAIN), "one row in flight: verifying is free"
+    alone = ReadSizers(saturating, rows=1, shared=True)
+    assert alone.sizer(100) is not alone.sizer(100) and alone.sizer(100).batch_rows is None
 
 
 def test_acceptance_is_learned_per_evidence_and_kind():
