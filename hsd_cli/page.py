@@ -138,3 +138,4 @@ class DocumentResult:
     warnings: tuple[str, ...] = ()
     damaged: bool = False  # the source (an image cut short) decoded only in part
     tracebacks: tuple[str, ...] = ()  # of the pages that raised (shown with --debug)
+    parts: int = 1  # over 1: the pages are one part's of a split document, which its assembly writes

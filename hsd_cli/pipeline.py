@@ -280,8 +280,23 @@ def _vlm_model(task: DocumentTask) -> VlmModel | None:
     return VlmModel.shared(options)
 
 
+# A part of a split document has at least this many pages: its earlier pages are the prior of its
+# later ones (DocumentSoFar: the dialect its drafts follow, the planner's tau), which a part starts
+# without.
+MIN_PART_PAGES = 8
+
+
+def document_parts(indices: Sequence[int], parts: int) -> list[list[int]]:
+    """The selected pages split into at most `parts` runs of consecutive pages of at least
+    MIN_PART_PAGES each (the last may be shorter), each converted as a document of its own."""
+    size = max(MIN_PART_PAGES, -(-len(indices) // max(1, parts)))
+    return [list(indices[start:start + size]) for start in range(0, len(indices), size)] or [[]]
+
+
 def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResult, dict[int, str]]:
-    """Convert the selected pages, resuming from checkpoints; returns the result and failed pages."""
+    """Convert the selected pages (of a split document: those of the task's part, after a
+    "doc_parts" event that says into how many parts it splits), resuming from checkpoints; returns
+    the result and failed pages."""
     config = task.config
     pdf, damage = open_document(task.doc.path, task.doc.kind, config.password)
     with pdf:
@@ -290,6 +305,10 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
             raise DocumentError(
                 DocStatus.SKIPPED, f"no page of --pages {config.pages} in this document ({pdf.page_count} pages)"
             )
+        parts = document_parts(indices, task.parts) if task.parts > 1 else [indices]
+        if task.parts > 1:
+            emit("doc_parts", {"parts": len(parts)})
+        indices = parts[min(task.part, len(parts) - 1)]
         backend = make_draft_backend(config, task.doc.path.stem)
         vlm = _vlm_model(task)
         warnings = [damage] if damage else []
@@ -309,6 +328,8 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 drafted = _load_checkpoint(_checkpoint_path(task, page_no, "draft"))
                 why = LOST_PAGE_WHY[reason]
                 result = draft_standing_in(drafted, reason, why) if drafted else failed_page(page_no, _page_size(pdf[index]), reason, why)
+                # Checkpointed as any page: the part of a split document that lost it is not the one that writes it.
+                write_atomic(checkpoint, pickle.dumps(result))
             if result is None:
                 emit("page_started", {"page": page_no})
                 result, error = _convert_page(task, pdf[index], backend, vlm, emit, DocumentSoFar.of(pages))
@@ -322,7 +343,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         warnings += [f"page {page.page_no}: {page.notice}" for page in pages if page.notice]
         result = DocumentResult(
             pages=tuple(pages), page_count=pdf.page_count, metadata=_metadata(pdf), warnings=tuple(warnings),
-            damaged=damage is not None, tracebacks=tuple(tracebacks),
+            damaged=damage is not None, tracebacks=tuple(tracebacks), parts=len(parts),
         )
         return result, failures
 
@@ -392,7 +413,7 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
     name = str(task.doc.path)
     try:
         result, failures = convert_document(task, emit)
-        status = _document_status(result, failures, task.max_page_error_rate)
+        status = DocStatus.OK if result.parts > 1 else _document_status(result, failures, task.max_page_error_rate)
         if status.is_failure:
             return DocumentOutcome(
                 input=name,
@@ -408,7 +429,8 @@ def process_document(task: DocumentTask, emit: EventSink) -> DocumentOutcome:
                 warnings=result.warnings,
                 traceback="\n".join(result.tracebacks) or None,
             )
-        written = write_document(result, task)
+        # A part of a split document is judged and written with its document (runner: the assembly).
+        written = write_document(result, task) if result.parts == 1 else {}
     except DocumentError as exc:
         return DocumentOutcome(
             input=name, status=exc.status, error=str(exc), seconds=time.perf_counter() - started, sha256=task.sha256

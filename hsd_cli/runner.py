@@ -8,9 +8,9 @@ import shutil
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import IntEnum
 from pathlib import Path
@@ -29,7 +29,7 @@ from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stal
 from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model
 from hsd_cli.records import DocStatus
 from hsd_cli.stats import DecodingTotals
-from hsd_cli.worker import Limits, WorkerPool, peak_rss_mib
+from hsd_cli.worker import Limits, ProgressSink, WorkerPool, peak_rss_mib
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -200,8 +200,9 @@ def _manifest_record(
 
 
 def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
-    """Documents a local worker process converts at once: --max-rows where a model reads the pages
-    (their rows share its forwards), else one (without a model nothing overlaps: pipeline_lock)."""
+    """Documents (or parts of a long one: pipeline.document_parts) a local worker process converts
+    at once: --max-rows where a model reads the pages (their rows share its forwards), else one
+    (without a model nothing overlaps: pipeline_lock)."""
     return run.max_rows if runs_model(config) else 1
 
 
@@ -211,6 +212,75 @@ def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayE
     from hsd_cli.ray_executor import RayExecutor  # imports ray: only when asked for
 
     return RayExecutor.connect(run.ray_address, run.gpus_per_worker, config.output_dir)
+
+
+@dataclass
+class SplitDocument:
+    """A document in conversion: into how many parts it split (pipeline.document_parts; 1: it did
+    not), and the outcomes of its parts so far."""
+
+    index: int  # in input order
+    key: str
+    task: DocumentTask
+    started: float  # time.monotonic()
+    parts: int = 1
+    outcomes: list[DocumentOutcome] = field(default_factory=list)
+    taking: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, outcome: DocumentOutcome) -> bool:
+        """Keep a part's outcome; whether it was the last part out."""
+        with self.taking:
+            self.outcomes.append(outcome)
+            return len(self.outcomes) == self.parts
+
+
+@dataclass(frozen=True)
+class _Part:
+    document: SplitDocument
+    part: int
+
+
+class _Schedule:
+    """What the run's pools take, in turn: the later parts of split documents first (a long
+    document's pages share the model's rows), then the next document in input order."""
+
+    def __init__(self, planned: list[tuple[InputDocument, OutputPaths]], parts: int, cancelled: threading.Event) -> None:
+        self.parts = parts  # into how many parts a document may split (1: none)
+        self.todo = iter(enumerate(planned))
+        self.cancelled = cancelled
+        self.queued: deque[_Part] = deque()
+        # Documents whose first part runs and has not yet said into how many parts it splits: a
+        # pool with nothing to take waits for them rather than end.
+        self.splitting: set[int] = set()
+        self.changed = threading.Condition()
+
+    def take(self) -> _Part | tuple[int, tuple[InputDocument, OutputPaths]] | None:
+        with self.changed:
+            while not self.cancelled.is_set():
+                if self.queued:
+                    return self.queued.popleft()
+                item = next(self.todo, None)
+                if item is not None:
+                    if self.parts > 1:
+                        self.splitting.add(item[0])
+                    return item
+                if not self.splitting:
+                    return None
+                self.changed.wait(0.25)
+            return None
+
+    def split(self, document: SplitDocument, parts: int) -> None:
+        with self.changed:
+            document.parts = parts
+            self.queued.extend(_Part(document, part) for part in range(1, parts))
+            self.splitting.discard(document.index)
+            self.changed.notify_all()
+
+    def settled(self, index: int) -> None:
+        """The document's first part is over, split or not."""
+        with self.changed:
+            self.splitting.discard(index)
+            self.changed.notify_all()
 
 
 class BatchRun:
@@ -232,8 +302,10 @@ class BatchRun:
         self.recording = threading.Lock()
 
     def convert_one(
-        self, doc: InputDocument, outputs: OutputPaths, manifest: Manifest, pool: WorkerPool
-    ) -> DocumentOutcome:
+        self, index: int, doc: InputDocument, outputs: OutputPaths, manifest: Manifest, pool: WorkerPool, schedule: _Schedule
+    ) -> DocumentOutcome | None:
+        """The document's outcome, or None where it split into parts (pipeline.document_parts):
+        the schedule then holds its other parts, and the pool that finishes the last one records it."""
         key = str(outputs.markdown.relative_to(self.config.output_dir).with_suffix(""))
         try:
             sha256 = file_sha256(doc.path)
@@ -246,27 +318,77 @@ class BatchRun:
             return self.record(DocumentOutcome(
                 input=str(doc.path), status=decision.status, error=decision.error, sha256=sha256, note=decision.reason
             ))
-        checkpoints = self.config.output_dir / STATE_DIR / "pages" / f"{sha256[:16]}-{self.config_hash}"
         task = DocumentTask(
             doc=doc,
             outputs=outputs,
             config=self.config,
             sha256=sha256,
-            checkpoint_dir=checkpoints,
+            checkpoint_dir=self.config.output_dir / STATE_DIR / "pages" / f"{sha256[:16]}-{self.config_hash}",
             max_page_error_rate=self.run.max_page_error_rate,
             page_timeout=self.run.page_timeout,
             reads_page=self.reads_page,
             max_rows=self.run.max_rows,
             sizing=self.run.sizing,
+            parts=schedule.parts,
         )
         self.events.emit("doc_started", input=str(doc.path))
-        outcome = pool.convert(task, lambda name, payload: self.events.emit(name, input=str(doc.path), **payload))
+        document = SplitDocument(index, key, task, time.monotonic())
+        outcome = pool.convert(task, self._progress(task, lambda parts: schedule.split(document, parts)))
+        if document.parts == 1:
+            return self.finish(key, task, outcome, manifest)
+        return self.part_done(document, outcome, pool, manifest)
+
+    def convert_part(self, document: SplitDocument, part: int, pool: WorkerPool, manifest: Manifest) -> DocumentOutcome | None:
+        """A later part of a split document; its document's outcome where this was the last part out."""
+        task = replace(document.task, part=part)
+        return self.part_done(document, pool.convert(task, self._progress(task)), pool, manifest)
+
+    def part_done(
+        self, document: SplitDocument, outcome: DocumentOutcome, pool: WorkerPool, manifest: Manifest
+    ) -> DocumentOutcome | None:
+        """The document's outcome where `outcome` was its last part out: a part that failed as a
+        whole (--doc-timeout, a worker lost outside a page) fails it, else a last task assembles it
+        from the parts' page checkpoints and writes it, as one document."""
+        if not document.take(outcome):
+            return None
+        parts = document.outcomes
+        failed = next((part for part in parts if part.status.is_failure), None)
+        if failed is None:
+            task = replace(document.task, parts=1, part=0)
+            runs = [*parts, pool.convert(task, self._progress(task))]
+        else:
+            runs = parts
+        tracebacks = "\n".join(run.traceback for run in runs if run.traceback)
+        peaks = [run.peak_rss_mib for run in runs if run.peak_rss_mib is not None]
+        whole = replace(
+            failed or runs[-1], seconds=time.monotonic() - document.started, traceback=tracebacks or None,
+            peak_rss_mib=max(peaks, default=None),
+        )
+        return self.finish(document.key, document.task, whole, manifest)
+
+    def _progress(self, task: DocumentTask, on_parts: Callable[[int], None] | None = None) -> ProgressSink:
+        """The document's progress events, to --events; "doc_parts" (into how many parts it splits)
+        to `on_parts`, once."""
+        told: list[int] = []
+
+        def progress(name: str, payload: dict[str, Any]) -> None:
+            if name == "doc_parts":
+                if on_parts is not None and not told:
+                    told.append(payload["parts"])
+                    on_parts(payload["parts"])
+                return
+            self.events.emit(name, input=str(task.doc.path), **payload)
+
+        return progress
+
+    def finish(self, key: str, task: DocumentTask, outcome: DocumentOutcome, manifest: Manifest) -> DocumentOutcome:
+        """Record a converted document in the manifest, the events and the display; drop its checkpoints."""
         with self.recording:
-            manifest.append(_manifest_record(key, doc.path, outcome, self.config, self.config_hash))
-        shutil.rmtree(checkpoints, ignore_errors=True)
+            manifest.append(_manifest_record(key, task.doc.path, outcome, self.config, self.config_hash))
+        shutil.rmtree(task.checkpoint_dir, ignore_errors=True)
         self.events.emit(
             "doc_failed" if outcome.status.is_failure else "doc_done",
-            input=str(doc.path),
+            input=str(task.doc.path),
             status=outcome.status.value,
             error=outcome.error,
             pages=outcome.pages,
@@ -305,19 +427,27 @@ class BatchRun:
         self, planned: list[tuple[InputDocument, OutputPaths]], manifest: Manifest, executor: LocalExecutor | RayExecutor
     ) -> list[DocumentOutcome]:
         cancelled = threading.Event()
-        pools = [WorkerPool(self.limits, executor.start_worker, cancelled) for _ in range(min(executor.slots, len(planned)))]
-        todo = iter(enumerate(planned))
-        taking = threading.Lock()
+        schedule = _Schedule(planned, documents_in_flight(self.config, self.run), cancelled)
+        pools = [
+            WorkerPool(self.limits, executor.start_worker, cancelled)
+            for _ in range(min(executor.slots, len(planned) * schedule.parts))
+        ]
         outcomes: list[DocumentOutcome | None] = [None] * len(planned)
 
         def serve(pool: WorkerPool) -> None:
             try:
-                while not cancelled.is_set():
-                    with taking:
-                        index, (doc, outputs) = next(todo, (None, (None, None)))
-                    if index is None:
-                        return
-                    outcomes[index] = self.convert_one(doc, outputs, manifest, pool)
+                while (work := schedule.take()) is not None:
+                    if isinstance(work, _Part):
+                        index = work.document.index
+                        outcome = self.convert_part(work.document, work.part, pool, manifest)
+                    else:
+                        index, (doc, outputs) = work
+                        try:
+                            outcome = self.convert_one(index, doc, outputs, manifest, pool, schedule)
+                        finally:
+                            schedule.settled(index)
+                    if outcome is not None:
+                        outcomes[index] = outcome
             finally:
                 pool.close()
 
