@@ -290,7 +290,7 @@ def document_parts(indices: Sequence[int], parts: int) -> list[list[int]]:
     """The selected pages split into at most `parts` runs of consecutive pages of at least
     MIN_PART_PAGES each (the last may be shorter), each converted as a document of its own."""
     size = max(MIN_PART_PAGES, -(-len(indices) // max(1, parts)))
-    return [list(indices[start:start + size]) for start in range(0, len(indices), size)] or [[]]
+    return [list(indices[start:start + size]) for start in range(0, len(indices), size)]
 
 
 def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResult, dict[int, str]]:
@@ -308,7 +308,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         parts = document_parts(indices, task.parts) if task.parts > 1 else [indices]
         if task.parts > 1:
             emit("doc_parts", {"parts": len(parts)})
-        indices = parts[min(task.part, len(parts) - 1)]
+        indices = parts[task.part]
         backend = make_draft_backend(config, task.doc.path.stem)
         vlm = _vlm_model(task)
         warnings = [damage] if damage else []
