@@ -168,6 +168,10 @@ def convert(
         Sizing,
         typer.Option(envvar=_env("sizing"), help="With --max-rows above 1 and a cost profile: size each step's trees per page (a page's counts are those it gets alone) or for the whole batch (faster under load; counts depend on the pages sharing it)."),
     ] = Sizing.PAGE,
+    draft_workers: Annotated[
+        int | None,
+        typer.Option(envvar=_env("draft_workers"), help="Processes that render and draft pages ahead of the model (0 = the worker drafts each page when it needs it; default: see README)."),
+    ] = None,
     executor: Annotated[
         Executor,
         typer.Option(envvar=_env("executor"), help="Run documents in local worker processes or on a Ray cluster (pip install 'hsd-cli\\[ray]'; OUT must be a path every node sees)."),
@@ -236,6 +240,7 @@ def convert(
             max_docs_per_worker=max_docs_per_worker,
             max_rows=max_rows,
             sizing=sizing,
+            draft_workers=draft_workers,
             executor=executor,
             ray_address=ray_address,
             gpus_per_worker=gpus_per_worker,

@@ -141,6 +141,9 @@ class RunConfig:
     # model runs (runner.documents_in_flight), so that their pages share the model's forwards.
     max_rows: int = 1
     sizing: Sizing = Sizing.PAGE
+    # Processes that render and draft pages ahead of the model in a local worker (None: as
+    # runner.drafting_processes chooses; 0: the worker drafts each page itself, when it needs it).
+    draft_workers: int | None = None
     executor: Executor = Executor.LOCAL
     ray_address: str | None = None  # None: RAY_ADDRESS, else a Ray instance started for the run
     gpus_per_worker: float = 0.0  # Ray: GPUs each worker actor claims (0 = a CPU worker)
@@ -160,6 +163,8 @@ class RunConfig:
             raise UsageError("--max-docs-per-worker must be at least 1")
         if self.max_rows < 1:
             raise UsageError(f"--max-rows must be at least 1, got {self.max_rows}")
+        if self.draft_workers is not None and self.draft_workers < 0:
+            raise UsageError(f"--draft-workers must be at least 0, got {self.draft_workers}")
         if self.max_rows > 1 and self.executor is Executor.RAY:
             raise UsageError("--max-rows above 1 needs --executor local: a Ray actor converts one document at a time")
 

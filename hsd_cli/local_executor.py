@@ -15,37 +15,21 @@ those waiting for the model (the model's forward died), else all; to the others 
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
 import os
 import queue
 import signal
-import sys
 import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from hsd_cli.processes import SPAWN, die_with_parent
 from hsd_cli.tasks import DocumentTask
 from hsd_cli.worker import CRASHED_ELSEWHERE, DOCUMENT_STATES, RESTARTED, run_document
 
-_CONTEXT = multiprocessing.get_context("spawn")  # no forked torch/onnxruntime thread state
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this worker when the parent's thread that started it ends (the
-    dispatcher, which outlives the worker), or the whole parent dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 def _worker_main(tasks: Any, events: Any) -> None:
     """A worker process: each (channel, task) runs on a thread of its own until the None that stops it."""
-    _die_with_parent()
+    die_with_parent()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no weight-loading bars in batch logs
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     sending = threading.Lock()  # whole messages on the pipe from every document's thread
@@ -85,12 +69,12 @@ class SharedProcess:
 
     def __init__(self, target: Callable[[Any, Any], None] = _worker_main) -> None:
         """`target(tasks, events)` is the process's main (a scripted one in the tests)."""
-        self.tasks = _CONTEXT.Queue()
+        self.tasks = SPAWN.Queue()
         # Events go through a pipe, written before the worker goes on: a queue's feeder thread
         # could still hold the last ones when the worker dies, and the parent would blame the
         # wrong page.
-        self.events, sender = _CONTEXT.Pipe(duplex=False)
-        self.process = _CONTEXT.Process(target=target, args=(self.tasks, sender), daemon=True)
+        self.events, sender = SPAWN.Pipe(duplex=False)
+        self.process = SPAWN.Process(target=target, args=(self.tasks, sender), daemon=True)
         self.channels: dict[int, queue.SimpleQueue[tuple[str, Any]]] = {}
         self.opened = 0  # channels opened so far: the next one's number
         self.documents = 0

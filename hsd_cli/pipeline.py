@@ -14,7 +14,10 @@ import pickle
 import sys
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +25,13 @@ from typing import TYPE_CHECKING, Any
 import pymupdf
 
 from hsd_cli.config import ConvertConfig, ImageMode, Stages, select_pages
+from hsd_cli.draft_processes import DraftProcesses, shared_draft_processes
 from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
 from hsd_cli.page import DocumentResult, Page, Plan, Reading, Way
+from hsd_cli.pipeline_lock import released
 from hsd_cli.records import Block, BlockKind, DocStatus, PageFlag
 from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, exception_line, make_draft_backend
@@ -222,15 +227,18 @@ def _with_retries(work: Callable[[], Any]) -> tuple[Any, PageError | None]:
 
 def _convert_page(
     task: DocumentTask, pdf_page: pymupdf.Page, backend: DraftBackend, vlm: VlmModel | None, emit: EventSink,
-    so_far: DocumentSoFar,
+    so_far: DocumentSoFar, ahead: DraftsAhead | None = None,
 ) -> tuple[Page, PageError | None]:
-    """Draft, checkpoint the draft, then the VLM stages (whose drafts follow the dialect of the
-    document's model outputs so far); each stage retried once. The error is the last one raised.
-    The model stops reading the page at --page-timeout from its start."""
+    """Draft (or take the draft made ahead), checkpoint the draft, then the VLM stages (whose
+    drafts follow the dialect of the document's model outputs so far); each stage retried once
+    (a draft made ahead that raised is made again here). The error is the last one raised. The
+    model stops reading the page at --page-timeout from its start."""
     page_no = pdf_page.number + 1
     deadline = time.monotonic() + task.page_timeout if task.page_timeout else None
 
     def drafted() -> Page:
+        if ahead is not None and (made := ahead.take(pdf_page.number)) is not None:
+            return made
         debug_fault(task.doc, page_no, "draft")
         return draft_stage(pdf_page, backend, task.config)
 
@@ -280,6 +288,80 @@ def _vlm_model(task: DocumentTask) -> VlmModel | None:
     return VlmModel.shared(options)
 
 
+# A draft process's open documents and their backends: pages come to it from several documents in
+# turn, and a document stays open while its pages keep coming.
+_OPENED: dict[tuple[Path, ConvertConfig], tuple[pymupdf.Document, DraftBackend]] = {}
+_KEEP_OPENED = 8
+
+
+def _draft_elsewhere(doc: InputDocument, config: ConvertConfig, index: int) -> Page:
+    """In a draft process (draft_processes): page `index` of `doc`, rendered and drafted."""
+    key = (doc.path, config)
+    if key not in _OPENED:
+        if len(_OPENED) >= _KEEP_OPENED:
+            _OPENED.pop(next(iter(_OPENED)))[0].close()
+        _OPENED[key] = (open_document(doc.path, doc.kind, config.password)[0], make_draft_backend(config, doc.path.stem))
+    pdf, backend = _OPENED[key]
+    debug_fault(doc, index + 1, "draft")
+    page = draft_stage(pdf[index], backend, config)
+    release_freed_memory()
+    return page
+
+
+class DraftsAhead:
+    """A document's drafts made in the worker's draft processes (--draft-workers), up to `ahead`
+    pages before the page that takes them, where a process is free: while a page is in the model,
+    its next pages are drafted. A page whose draft was not sent is drafted where it is needed."""
+
+    def __init__(self, processes: DraftProcesses, task: DocumentTask, indices: Sequence[int], ahead: int) -> None:
+        self.processes = processes
+        self.task = task
+        self.ahead = ahead
+        self.to_draft = deque(sorted(indices))  # the pages not sent yet, in order
+        self.drafting: dict[int, Future] = {}
+        self._send()
+
+    def _send(self) -> None:
+        while self.to_draft and len(self.drafting) < self.ahead:
+            index = self.to_draft[0]
+            future = self.processes.try_submit(_draft_elsewhere, self.task.doc, self.task.config, index)
+            if future is None:
+                return
+            self.drafting[self.to_draft.popleft()] = future
+
+    def take(self, index: int) -> Page | None:
+        """Page `index` drafted, its wait in its timings; None where it was not sent or its draft
+        process died (the caller drafts it). A draft that raised raises."""
+        future = self.drafting.pop(index, None)
+        while self.to_draft and self.to_draft[0] <= index:  # pages are taken in order: these are the caller's
+            self.to_draft.popleft()
+        self._send()  # the next pages are drafted while this one waits and then reads
+        if future is None:
+            return None
+        started = time.perf_counter()
+        with released():  # the other documents in the process go on meanwhile
+            try:
+                page = future.result()
+            except BrokenProcessPool:
+                return None
+        return replace(page, timings=page.timings | {"draft_wait_s": time.perf_counter() - started})
+
+
+def _needs_draft(task: DocumentTask, page_no: int) -> bool:
+    return page_no not in task.lost_pages and not _checkpoint_path(task, page_no).exists()
+
+
+def _drafts_ahead(task: DocumentTask, indices: Sequence[int], runs_model: bool) -> DraftsAhead | None:
+    """Drafts made ahead for these pages, or None where the worker drafts them itself
+    (--draft-workers 0). Each document in flight keeps enough pages drafting that the processes
+    stay busy, and at least the next one."""
+    if not task.draft_workers or not indices:
+        return None
+    in_flight = task.max_rows if runs_model else 1
+    processes = shared_draft_processes(task.draft_workers)
+    return DraftsAhead(processes, task, indices, ahead=max(1, -(-task.draft_workers // in_flight)))
+
+
 # A part of a split document has at least this many pages: its earlier pages are the prior of its
 # later ones (DocumentSoFar: the dialect its drafts follow, the planner's tau), which a part starts
 # without.
@@ -289,7 +371,7 @@ MIN_PART_PAGES = 8
 def document_parts(indices: Sequence[int], parts: int) -> list[list[int]]:
     """The selected pages split into at most `parts` runs of consecutive pages of at least
     MIN_PART_PAGES each (the last may be shorter), each converted as a document of its own."""
-    size = max(MIN_PART_PAGES, -(-len(indices) // max(1, parts)))
+    size = max(MIN_PART_PAGES, -(-len(indices) // parts))
     return [list(indices[start:start + size]) for start in range(0, len(indices), size)]
 
 
@@ -315,6 +397,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         if pdf.is_repaired:
             warnings.append("the PDF was damaged and has been repaired")
         task.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        ahead = _drafts_ahead(task, [index for index in indices if _needs_draft(task, index + 1)], vlm is not None)
         pages: list[Page] = []
         failures: dict[int, str] = {}
         tracebacks: list[str] = []
@@ -332,7 +415,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
                 write_atomic(checkpoint, pickle.dumps(result))
             if result is None:
                 emit("page_started", {"page": page_no})
-                result, error = _convert_page(task, pdf[index], backend, vlm, emit, DocumentSoFar.of(pages))
+                result, error = _convert_page(task, pdf[index], backend, vlm, emit, DocumentSoFar.of(pages), ahead)
                 tracebacks += [f"page {page_no}:\n{error.traceback}"] if error else []
                 write_atomic(checkpoint, pickle.dumps(result))
                 release_freed_memory()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import threading
@@ -206,6 +207,23 @@ def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
     return run.max_rows if runs_model(config) else 1
 
 
+# Draft processes each hold the OCR and layout models (about 0.5 GiB); past a few, the model, not
+# drafting, bounds a worker.
+MAX_DRAFT_WORKERS = 4
+
+
+def drafting_processes(config: ConvertConfig, run: RunConfig) -> int:
+    """Draft processes beside a local worker process (--draft-workers; 0: the worker drafts each
+    page itself). By default, where a model reads the pages: one for each CPU the model's process
+    does not need (one kept for it), at most MAX_DRAFT_WORKERS; else none (a draft-only run drafts
+    in its worker, whose memory the README states), nor on Ray, whose actors claim one CPU each."""
+    if run.draft_workers is not None:
+        return run.draft_workers
+    if not runs_model(config) or run.executor is not Executor.LOCAL:
+        return 0
+    return min(MAX_DRAFT_WORKERS, max(0, (os.cpu_count() or 1) - 1))
+
+
 def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayExecutor:
     if run.executor is Executor.LOCAL:
         return LocalExecutor(documents_in_flight(config, run), run.max_docs_per_worker)
@@ -270,7 +288,11 @@ class _Schedule:
             return None
 
     def split(self, document: SplitDocument, parts: int) -> None:
+        """The document's first part says into how many parts it splits; a resent first part says
+        it again, which changes nothing."""
         with self.changed:
+            if document.index not in self.splitting:
+                return
             document.parts = parts
             self.queued.extend(_Part(document, part) for part in range(1, parts))
             self.splitting.discard(document.index)
@@ -329,6 +351,7 @@ class BatchRun:
             reads_page=self.reads_page,
             max_rows=self.run.max_rows,
             sizing=self.run.sizing,
+            draft_workers=drafting_processes(self.config, self.run),
             parts=schedule.parts,
         )
         self.events.emit("doc_started", input=str(doc.path))
@@ -368,13 +391,11 @@ class BatchRun:
 
     def _progress(self, task: DocumentTask, on_parts: Callable[[int], None] | None = None) -> ProgressSink:
         """The document's progress events, to --events; "doc_parts" (into how many parts it splits)
-        to `on_parts`, once."""
-        told: list[int] = []
+        to `on_parts`."""
 
         def progress(name: str, payload: dict[str, Any]) -> None:
             if name == "doc_parts":
-                if on_parts is not None and not told:
-                    told.append(payload["parts"])
+                if on_parts is not None:
                     on_parts(payload["parts"])
                 return
             self.events.emit(name, input=str(task.doc.path), **payload)
