@@ -19,13 +19,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pymupdf
 
 from hsd_cli.config import ConvertConfig, ImageMode, Stages, select_pages
-from hsd_cli.draft_processes import DraftProcesses, shared_draft_processes
+from hsd_cli.draft_processes import DraftProcesses, default_draft_processes, shared_draft_processes, threads_per_process
 from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
@@ -35,6 +36,7 @@ from hsd_cli.pipeline_lock import released
 from hsd_cli.records import Block, BlockKind, DocStatus, PageFlag
 from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, exception_line, make_draft_backend
+from hsd_cli.stages.draft.ocr import use_threads
 from hsd_cli.stages.outcome import LOST_PAGE_WHY, TIMED_OUT_WHY, draft_standing_in, failed_page, model_reading
 from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, picture_side, plan_page
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
@@ -351,15 +353,18 @@ def _needs_draft(task: DocumentTask, page_no: int) -> bool:
     return page_no not in task.lost_pages and not _checkpoint_path(task, page_no).exists()
 
 
-def _drafts_ahead(task: DocumentTask, indices: Sequence[int], runs_model: bool) -> DraftsAhead | None:
+def _drafts_ahead(task: DocumentTask, indices: Sequence[int], vlm: VlmModel | None) -> DraftsAhead | None:
     """Drafts made ahead for these pages, or None where the worker drafts them itself
-    (--draft-workers 0). Each document in flight keeps enough pages drafting that the processes
-    stay busy, and at least the next one."""
-    if not task.draft_workers or not indices:
+    (--draft-workers 0, or by default with the model on the CPU). Each document in flight keeps
+    enough pages drafting that the processes stay busy, and at least the next one."""
+    processes = task.draft_workers
+    if processes is None:
+        processes = default_draft_processes(vlm is not None and str(vlm.target.device) != "cpu")
+    if not processes or not indices:
         return None
-    in_flight = task.max_rows if runs_model else 1
-    processes = shared_draft_processes(task.draft_workers)
-    return DraftsAhead(processes, task, indices, ahead=max(1, -(-task.draft_workers // in_flight)))
+    in_flight = task.max_rows if vlm is not None else 1
+    started = partial(use_threads, threads_per_process(processes))
+    return DraftsAhead(shared_draft_processes(processes, started), task, indices, ahead=max(1, -(-processes // in_flight)))
 
 
 # A part of a split document has at least this many pages: its earlier pages are the prior of its
@@ -397,7 +402,7 @@ def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResul
         if pdf.is_repaired:
             warnings.append("the PDF was damaged and has been repaired")
         task.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        ahead = _drafts_ahead(task, [index for index in indices if _needs_draft(task, index + 1)], vlm is not None)
+        ahead = _drafts_ahead(task, [index for index in indices if _needs_draft(task, index + 1)], vlm)
         pages: list[Page] = []
         failures: dict[int, str] = {}
         tracebacks: list[str] = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import threading
@@ -207,21 +206,16 @@ def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
     return run.max_rows if runs_model(config) else 1
 
 
-# Draft processes each hold the OCR and layout models (about 0.5 GiB); past a few, the model, not
-# drafting, bounds a worker.
-MAX_DRAFT_WORKERS = 4
-
-
-def drafting_processes(config: ConvertConfig, run: RunConfig) -> int:
-    """Draft processes beside a local worker process (--draft-workers; 0: the worker drafts each
-    page itself). By default, where a model reads the pages: one for each CPU the model's process
-    does not need (one kept for it), at most MAX_DRAFT_WORKERS; else none (a draft-only run drafts
-    in its worker, whose memory the README states), nor on Ray, whose actors claim one CPU each."""
+def drafting_processes(config: ConvertConfig, run: RunConfig) -> int | None:
+    """Draft processes beside a worker (--draft-workers; 0: the worker drafts each page itself).
+    By default none for a draft-only run (it drafts in its worker, whose memory the README states)
+    or on Ray (an actor claims one CPU); where a model reads the pages, None: the worker chooses
+    by the model's device (draft_processes.default_draft_processes)."""
     if run.draft_workers is not None:
         return run.draft_workers
     if not runs_model(config) or run.executor is not Executor.LOCAL:
         return 0
-    return min(MAX_DRAFT_WORKERS, max(0, (os.cpu_count() or 1) - 1))
+    return None
 
 
 def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayExecutor:

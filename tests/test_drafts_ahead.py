@@ -18,7 +18,14 @@ import pytest
 from hsd_cli.config import ConvertConfig, Executor, RunConfig
 from hsd_cli.page import Page
 from hsd_cli.pipeline import DraftsAhead
-from hsd_cli.runner import MAX_DRAFT_WORKERS, drafting_processes
+from hsd_cli import draft_processes
+from hsd_cli.draft_processes import (
+    DRAFT_PROCESS_BYTES,
+    MAX_DEFAULT_DRAFT_PROCESSES,
+    default_draft_processes,
+    threads_per_process,
+)
+from hsd_cli.runner import drafting_processes
 from tests.conftest import run_hsd
 from tests.test_batch import _manifest
 
@@ -75,18 +82,28 @@ def test_a_page_is_sent_only_where_a_process_is_free_and_else_drafted_where_need
     assert list(processes.sent) == [0, 3], "page 3 sent once a process was free; pages already taken never are"
 
 
-def test_the_default_draft_processes_leave_one_cpu_to_the_model(monkeypatch):
+def test_by_default_a_model_on_a_gpu_gets_every_cpu_but_one_that_memory_holds_and_one_on_the_cpu_none(monkeypatch):
     with_model = ConvertConfig(output_dir=Path("out"), model="m")
     draft_only = ConvertConfig(output_dir=Path("out"))
-    monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    assert drafting_processes(with_model, RunConfig()) == 2
-    monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    assert drafting_processes(with_model, RunConfig()) == MAX_DRAFT_WORKERS
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert drafting_processes(with_model, RunConfig()) == 0
+    assert drafting_processes(with_model, RunConfig()) is None, "the worker chooses, by the model's device"
     assert drafting_processes(draft_only, RunConfig()) == 0, "a draft-only run drafts in its worker"
     assert drafting_processes(with_model, RunConfig(executor=Executor.RAY)) == 0
     assert drafting_processes(draft_only, RunConfig(draft_workers=3)) == 3, "asked for, always"
+    monkeypatch.setattr(draft_processes, "_available_bytes", lambda: 64 * DRAFT_PROCESS_BYTES)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert default_draft_processes(model_on_accelerator=True) == 2
+    assert default_draft_processes(model_on_accelerator=False) == 0, "the model's forwards take every core"
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert default_draft_processes(model_on_accelerator=True) == MAX_DEFAULT_DRAFT_PROCESSES
+    monkeypatch.setattr(draft_processes, "_available_bytes", lambda: 10 * DRAFT_PROCESS_BYTES)
+    assert default_draft_processes(model_on_accelerator=True) == 5, "half the available memory"
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert default_draft_processes(model_on_accelerator=True) == 0
+
+
+def test_draft_processes_share_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert [threads_per_process(n) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
 
 
 def test_negative_draft_workers_are_refused_in_one_line(tmp_path):

@@ -23,12 +23,25 @@ _OCR_FONT = pymupdf.Font("cjk")
 _OCR_FONT_NAME = "hsd-ocr"
 
 
+# Threads each OCR model runs on in this process (None: onnxruntime's default, every core). A draft
+# process beside others takes its share of the cores (`use_threads`, before the first page).
+_threads: int | None = None
+
+
+def use_threads(count: int) -> None:
+    global _threads
+    _threads = count
+
+
 @cache
 def _engine():
     from rapidocr import RapidOCR
 
     # The text-direction classifier flips upright lines upside down on clean pages; off.
-    engine = RapidOCR(params={"Global.use_cls": False, "Global.log_level": "error"})
+    params = {"Global.use_cls": False, "Global.log_level": "error"}
+    if _threads is not None:
+        params["EngineConfig.onnxruntime.intra_op_num_threads"] = _threads
+    engine = RapidOCR(params=params)
     logging.getLogger("RapidOCR").setLevel(logging.ERROR)
     return engine
 
