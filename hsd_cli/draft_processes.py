@@ -76,6 +76,16 @@ class DraftProcesses:
         self._pool = self._started_pool(self._retired)
         return self._pool.submit(work, *args)
 
+    def stop(self) -> None:
+        """End the processes (their work done first). A worker process must, before it returns:
+        multiprocessing joins a process's children as soon as its main returns, before the pool
+        would tell them to end, and the worker would hang until its parent kills it."""
+        with self._changing:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
+            self._retired.set()
+
     def _started_pool(self, retired: threading.Event) -> ProcessPoolExecutor:
         """A pool whose processes are all running, started from a thread that lives until `retired`: the pool
         spawns a process on a submit that finds none idle, so `processes` submits at once start all
@@ -152,3 +162,11 @@ def shared_draft_processes(processes: int, started: Callable[[], None]) -> Draft
         if processes not in _SHARED:
             _SHARED[processes] = DraftProcesses(processes, started)
         return _SHARED[processes]
+
+
+def stop_draft_processes() -> None:
+    """End this process's draft processes, if it has any (DraftProcesses.stop)."""
+    with _SHARING:
+        for processes in _SHARED.values():
+            processes.stop()
+        _SHARED.clear()

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from hsd_cli.draft_processes import stop_draft_processes
 from hsd_cli.processes import SPAWN, die_with_parent
 from hsd_cli.tasks import DocumentTask
 from hsd_cli.worker import CRASHED_ELSEWHERE, DOCUMENT_STATES, RESTARTED, run_document
@@ -62,6 +63,7 @@ def _worker_main(tasks: Any, events: Any) -> None:
         threads[-1].start()
     for thread in threads:
         thread.join()
+    stop_draft_processes()
 
 
 class SharedProcess:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
@@ -21,6 +22,7 @@ from hsd_cli.pipeline import DraftsAhead
 from hsd_cli import draft_processes
 from hsd_cli.draft_processes import (
     DRAFT_PROCESS_BYTES,
+    DraftProcesses,
     MAX_DEFAULT_DRAFT_PROCESSES,
     default_draft_processes,
     threads_per_process,
@@ -99,6 +101,19 @@ def test_by_default_a_model_on_a_gpu_gets_every_cpu_but_one_that_memory_holds_an
     assert default_draft_processes(model_on_accelerator=True) == 5, "half the available memory"
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert default_draft_processes(model_on_accelerator=True) == 0
+
+
+def test_draft_processes_take_work_only_where_free_and_end_when_stopped():
+    processes = DraftProcesses(1, started=int)
+    busy = processes.try_submit(time.sleep, 1.0)
+    assert processes.try_submit(os.getpid) is None, "its one process is busy"
+    busy.result()
+    while (asked := processes.try_submit(os.getpid)) is None:  # the pool says it is free just after
+        time.sleep(0.01)
+    pid = asked.result()
+    assert pid != os.getpid() and Path(f"/proc/{pid}").exists()
+    processes.stop()
+    assert not Path(f"/proc/{pid}").exists(), "stopped and reaped, not left to its parent's exit"
 
 
 def test_draft_processes_share_the_cores(monkeypatch):
