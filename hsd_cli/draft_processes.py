@@ -116,8 +116,8 @@ class DraftProcesses:
         return started[0]
 
 
-# A draft process's peak memory (its OCR and layout models and a page; measured: 0.9 GiB), with room.
-DRAFT_PROCESS_BYTES = 1 << 30
+# A draft process's peak memory: its OCR and layout models and a page (measured: 0.8-1.2 GiB).
+DRAFT_PROCESS_BYTES = 5 << 28
 MAX_DEFAULT_DRAFT_PROCESSES = 16
 
 
@@ -137,8 +137,8 @@ def default_draft_processes(model_on_accelerator: bool) -> int:
     """Draft processes where --draft-workers is not given and a model reads the pages. With the
     model on a GPU the CPUs are free for drafting: one process per CPU but one (the worker's own
     work), as many as half the available memory holds, at most MAX_DEFAULT_DRAFT_PROCESSES. With
-    the model on the CPU its forwards take every core, and drafting elsewhere only contends with
-    them (measured: 1.04x slower on 2 cores): none."""
+    the model on the CPU its forwards take the cores drafting would use: none (on 2 cores, one
+    process changed nothing beyond run-to-run noise; docs/BENCHMARKS.md)."""
     if not model_on_accelerator:
         return 0
     available = _available_bytes()
