@@ -81,10 +81,11 @@ class DraftProcesses:
         multiprocessing joins a process's children as soon as its main returns, before the pool
         would tell them to end, and the worker would hang until its parent kills it."""
         with self._changing:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
-            self._retired.set()
+            pool, self._pool = self._pool, None
+        # Outside the lock: work still running ends in the pool's thread, whose `_done` takes it.
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._retired.set()
 
     def _started_pool(self, retired: threading.Event) -> ProcessPoolExecutor:
         """A pool whose processes are all running, started from a thread that lives until `retired`: the pool

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from concurrent.futures import Future
@@ -114,6 +115,16 @@ def test_draft_processes_take_work_only_where_free_and_end_when_stopped():
     assert pid != os.getpid() and Path(f"/proc/{pid}").exists()
     processes.stop()
     assert not Path(f"/proc/{pid}").exists(), "stopped and reaped, not left to its parent's exit"
+
+
+def test_draft_processes_stop_with_work_still_in_them():
+    """A document that ended with drafts still sent (it raised): its worker must still stop."""
+    processes = DraftProcesses(1, started=int)
+    sent = processes.try_submit(time.sleep, 2.0)
+    stopping = threading.Thread(target=processes.stop, daemon=True)
+    stopping.start()
+    stopping.join(30)
+    assert not stopping.is_alive() and sent.done()
 
 
 def test_draft_processes_share_the_cores(monkeypatch):
