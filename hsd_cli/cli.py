@@ -162,8 +162,8 @@ def convert(
         int, typer.Option(envvar=_env("max_docs_per_worker"), help="Replace the worker process after this many documents.")
     ] = 50,
     max_rows: Annotated[
-        int, typer.Option(envvar=_env("max_rows"), help="Rows the model keeps in flight: with a model, this many documents share one worker process and the model's forwards (local executor).")
-    ] = 1,
+        int | None, typer.Option(envvar=_env("max_rows"), help="Rows the model keeps in flight: with a model, this many documents share one worker process and the model's forwards (local executor; default: as many as the GPU's memory holds, 1 on the CPU).")
+    ] = None,
     sizing: Annotated[
         Sizing,
         typer.Option(envvar=_env("sizing"), help="With --max-rows above 1 and a cost profile: size each step's trees per page (a page's counts are those it gets alone) or for the whole batch (faster under load; counts depend on the pages sharing it)."),

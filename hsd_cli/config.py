@@ -139,7 +139,8 @@ class RunConfig:
     max_docs_per_worker: int = 50
     # Rows the model keeps in flight: documents in flight in one local worker process when a
     # model runs (runner.documents_in_flight), so that their pages share the model's forwards.
-    max_rows: int = 1
+    # None: as the device's memory holds (runner.default_max_rows, stages.rows).
+    max_rows: int | None = None
     sizing: Sizing = Sizing.PAGE
     # Processes that render and draft pages ahead of the model in a local worker (None: as
     # runner.drafting_processes chooses; 0: the worker drafts each page itself, when it needs it).
@@ -161,11 +162,11 @@ class RunConfig:
             raise UsageError(f"--max-page-error-rate must be within 0..1, got {self.max_page_error_rate}")
         if self.max_docs_per_worker < 1:
             raise UsageError("--max-docs-per-worker must be at least 1")
-        if self.max_rows < 1:
+        if self.max_rows is not None and self.max_rows < 1:
             raise UsageError(f"--max-rows must be at least 1, got {self.max_rows}")
         if self.draft_workers is not None and self.draft_workers < 0:
             raise UsageError(f"--draft-workers must be at least 0, got {self.draft_workers}")
-        if self.max_rows > 1 and self.executor is Executor.RAY:
+        if (self.max_rows or 1) > 1 and self.executor is Executor.RAY:
             raise UsageError("--max-rows above 1 needs --executor local: a Ray actor converts one document at a time")
 
 

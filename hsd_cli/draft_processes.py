@@ -26,7 +26,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from hsd_cli.processes import SPAWN, die_with_parent
+from hsd_cli.processes import SPAWN, available_memory, die_with_parent
 
 
 def _ready() -> None:
@@ -122,18 +122,6 @@ DRAFT_PROCESS_BYTES = 5 << 28
 MAX_DEFAULT_DRAFT_PROCESSES = 16
 
 
-def _available_bytes() -> int | None:
-    """Linux: the memory available to new processes (MemAvailable); None where unknown."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def default_draft_processes(model_on_accelerator: bool) -> int:
     """Draft processes where --draft-workers is not given and a model reads the pages. With the
     model on a GPU the CPUs are free for drafting: one process per CPU but one (the worker's own
@@ -142,7 +130,7 @@ def default_draft_processes(model_on_accelerator: bool) -> int:
     process changed nothing beyond run-to-run noise; docs/BENCHMARKS.md)."""
     if not model_on_accelerator:
         return 0
-    available = _available_bytes()
+    available = available_memory()
     by_memory = MAX_DEFAULT_DRAFT_PROCESSES if available is None else available // 2 // DRAFT_PROCESS_BYTES
     return max(0, min(MAX_DEFAULT_DRAFT_PROCESSES, (os.cpu_count() or 1) - 1, by_memory))
 

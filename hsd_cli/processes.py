@@ -1,4 +1,5 @@
-"""What every process hsd starts shares: how it is started and that it dies with its parent.
+"""What every process hsd starts shares: how it is started, that it dies with its parent, and
+the memory left for more.
 
 Nothing of hsd_cli is imported here.
 """
@@ -31,3 +32,15 @@ def die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except OSError:
             pass
+
+
+def available_memory() -> int | None:
+    """Linux: the memory available to new processes (MemAvailable), in bytes; None where unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

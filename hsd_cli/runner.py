@@ -26,7 +26,7 @@ from hsd_cli.config import ConvertConfig, Executor, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.local_executor import LocalExecutor
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model
+from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model, vlm_options
 from hsd_cli.records import DocStatus
 from hsd_cli.stats import DecodingTotals
 from hsd_cli.worker import Limits, ProgressSink, WorkerPool, peak_rss_mib
@@ -204,6 +204,30 @@ def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
     at once: --max-rows where a model reads the pages (their rows share its forwards), else one
     (without a model nothing overlaps: pipeline_lock)."""
     return run.max_rows if runs_model(config) else 1
+
+
+def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, documents: int) -> int:
+    """--max-rows where it is not given: as many rows as the model's device holds (stages.rows:
+    one on the CPU), and no more than the run's `documents` (this shard's, those done included,
+    so that a resumed run chooses alike), said on stderr. Per-page sizing prices every read at
+    these rows: a run of one document reads with whole trees, as `generate`'s rival, not as one
+    row of a full batch. One without a model, or on Ray (an actor converts one document at a
+    time). A budget that cannot be worked out is warned of and gives one row."""
+    options = vlm_options(config)
+    if options is None or run.executor is not Executor.LOCAL or documents <= 1:
+        return 1
+    from hsd_cli.stages.rows import default_rows  # imports torch: only when a VLM will run
+
+    try:
+        choice = default_rows(options, config.dpi, config.max_pixels)
+    except Exception as exc:  # noqa: BLE001 - e.g. a processor that cannot be loaded alone: the run goes on
+        reporter.warn(f"cannot budget the rows in flight ({type(exc).__name__}: {exc}); one row, --max-rows N for more")
+        return 1
+    rows = min(choice.rows, documents)
+    if not reporter.quiet:
+        per_document = ", one per document" if rows < choice.rows else ""
+        reporter.console.print(f"rows in flight: {rows}{per_document} ({choice.why})", highlight=False)
+    return rows
 
 
 def drafting_processes(config: ConvertConfig, run: RunConfig) -> int | None:
@@ -503,7 +527,7 @@ def run_convert(
     for arg in found.unmatched:
         reporter.warn(f"no document matched {arg!r}")
     if not found.documents and not found.missing:
-        return ExitCode.NO_INPUT, _summary([], started, ExitCode.NO_INPUT, config)
+        return ExitCode.NO_INPUT, _summary([], started, ExitCode.NO_INPUT, config, run.max_rows)
     # A missing file belongs to one shard, as it would if it existed.
     missing = [path for path in found.missing if in_shard(Path(path.name), run.shard)]
     # Output names come from the whole input set, so every shard names a document alike.
@@ -514,11 +538,15 @@ def run_convert(
     ]
     if config.model is None and not reporter.quiet:
         reporter.warn("no VLM configured: converting with the draft pipeline only (name one with --model ID|DIR)")
-    events.emit("run_started", documents=len(missing) + len(planned), output_dir=str(config.output_dir))
+    if run.max_rows is None:
+        run = replace(run, max_rows=default_max_rows(config, run, reporter, len(planned)))
+    events.emit(
+        "run_started", documents=len(missing) + len(planned), output_dir=str(config.output_dir), max_rows=run.max_rows
+    )
     outcomes = BatchRun(config, run, reporter, events, reads_page).execute(planned, missing)
     failed = any(outcome.status.is_failure for outcome in outcomes)
     code = ExitCode.SOME_FAILED if failed else ExitCode.OK
-    summary = _summary(outcomes, started, code, config)
+    summary = _summary(outcomes, started, code, config, run.max_rows)
     events.emit("run_done", exit_code=int(code), counts=summary["counts"])
     reporter.summary(summary)
     return code, summary
@@ -530,7 +558,7 @@ def _decoding_summary(per_document: list[DecodingTotals]) -> dict[str, Any] | No
 
 
 def _summary(
-    outcomes: list[DocumentOutcome], started: float, code: ExitCode, config: ConvertConfig
+    outcomes: list[DocumentOutcome], started: float, code: ExitCode, config: ConvertConfig, max_rows: int | None
 ) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     pages = sum(outcome.pages for outcome in outcomes if not outcome.status.is_failure)
@@ -545,6 +573,7 @@ def _summary(
         "exit_code": int(code),
         "output_dir": str(config.output_dir),
         "model": config.model,
+        "max_rows": max_rows,
         "counts": {status.value: counts.get(status.value, 0) for status in DocStatus},
         "pages": pages,
         "seconds": round(seconds, 3),

@@ -92,13 +92,13 @@ def test_by_default_a_model_on_a_gpu_gets_every_cpu_but_one_that_memory_holds_an
     assert drafting_processes(draft_only, RunConfig()) == 0, "a draft-only run drafts in its worker"
     assert drafting_processes(with_model, RunConfig(executor=Executor.RAY)) == 0
     assert drafting_processes(draft_only, RunConfig(draft_workers=3)) == 3, "asked for, always"
-    monkeypatch.setattr(draft_processes, "_available_bytes", lambda: 64 * DRAFT_PROCESS_BYTES)
+    monkeypatch.setattr(draft_processes, "available_memory", lambda: 64 * DRAFT_PROCESS_BYTES)
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert default_draft_processes(model_on_accelerator=True) == 2
     assert default_draft_processes(model_on_accelerator=False) == 0, "the model's forwards take every core"
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert default_draft_processes(model_on_accelerator=True) == MAX_DEFAULT_DRAFT_PROCESSES
-    monkeypatch.setattr(draft_processes, "_available_bytes", lambda: 10 * DRAFT_PROCESS_BYTES)
+    monkeypatch.setattr(draft_processes, "available_memory", lambda: 10 * DRAFT_PROCESS_BYTES)
     assert default_draft_processes(model_on_accelerator=True) == 5, "half the available memory"
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert default_draft_processes(model_on_accelerator=True) == 0
@@ -215,3 +215,28 @@ def test_a_draft_that_hangs_or_kills_its_process_costs_its_page_only_and_leaves_
     assert all(page_flags == ["vlm", "truncated"] for n, page_flags in enumerate(flags) if n != 2), "the others read by the model"
     assert "leaked" not in result.stderr
     assert _processes_marked(mark) == [], "the worker's draft processes die with it"
+
+
+def test_a_worker_that_drafted_ahead_ends_by_itself_when_stopped(documents, tmp_path):
+    """Its draft processes stop before its main returns: else multiprocessing joins them first and
+    the worker hangs until the parent kills it (exit code -9, 10 s late)."""
+    from hsd_cli.inputs import InputDocument, OutputPaths
+    from hsd_cli.local_executor import LocalExecutor
+    from hsd_cli.tasks import DocumentTask
+    from hsd_cli.worker import Limits, WorkerPool
+
+    executor = LocalExecutor(slots=1, max_docs_per_worker=50)
+    channels = []
+    pool = WorkerPool(Limits(0.0, 0.0, 50), lambda: channels.append(executor.start_worker()) or channels[-1], threading.Event())
+    task = DocumentTask(
+        doc=InputDocument(path=documents / "long.pdf", relpath=Path("long.pdf"), kind="pdf"),
+        outputs=OutputPaths(markdown=tmp_path / "long.md", json=tmp_path / "long.json", images_dir=tmp_path / "long_images"),
+        config=ConvertConfig(output_dir=tmp_path), sha256="0" * 64, checkpoint_dir=tmp_path / "pages", draft_workers=1,
+    )
+    try:
+        outcome = pool.convert(task, lambda name, payload: None)
+    finally:
+        pool.close()
+        executor.close()
+    assert outcome.status.value == "ok" and outcome.pages == 10
+    assert len(channels) == 1 and channels[0].shared.process.exitcode == 0

@@ -65,10 +65,7 @@ class HFTarget:
 
     def inputs(self, images: Sequence[Image.Image | None], prompts: Sequence[str]) -> dict:
         """Processor inputs for a batch (left padding so every row's next token is at the end)."""
-        texts = [self.adapter.chat_text(self.processor, p, im is not None) for im, p in zip(images, prompts)]
-        batch = self.processor(
-            text=texts, images=self.adapter.processor_images(images), return_tensors="pt", padding=True, padding_side="left"
-        )
+        batch = self.adapter.processor_inputs(self.processor, images, prompts)
         # Floating-point inputs (pixel values) in the model's dtype, as BatchFeature.to(device, dtype)
         # casts them: some vision towers (GOT-OCR 2.0's) do not cast them themselves.
         return {k: self._on_device(v) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -79,6 +79,14 @@ class FamilyAdapter:
         messages = [{"role": "user", "content": content}]
         return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    def processor_inputs(self, processor, images: Sequence[Image.Image | None], prompts: Sequence[str]):
+        """The processor's batch for (image, prompt) rows, left-padded so that every row's next
+        token is at the end."""
+        texts = [self.chat_text(processor, p, im is not None) for im, p in zip(images, prompts)]
+        return processor(
+            text=texts, images=self.processor_images(images), return_tensors="pt", padding=True, padding_side="left"
+        )
+
     def vision_token_ids(self, config) -> list[int]:
         """Placeholder and delimiter tokens of images and videos (never real output)."""
         names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")

@@ -1,0 +1,89 @@
+"""Rows the model keeps in flight where `--max-rows` is not given: by default, as many as the KV
+cache's share of the device's memory holds (and no more than the run's documents: the runner's
+default_max_rows).
+
+On a GPU (or MPS) a row is budgeted at its longest: the prompt of an A4 page at the run's render
+size plus the family's `max_new_tokens`, so that no mix of pages outgrows the cache. The budget
+is the device's total memory, not what is free at the start, so that a resumed run chooses the
+same rows (a page's counts are priced at the rows: README). The host's memory bounds them too: a
+row is a document in flight in the worker, and half the available memory is left to the draft
+processes (draft_processes.default_draft_processes).
+
+On the CPU: one row. A forward there is compute-bound from a few rows: `hsd convert` read the
+OmniDocBench pages with 8 rows at 0.87x the pages per second of one without a cost profile and
+1.18x with one (docs/BENCHMARKS.md). And a page's wall time grows with the rows that share its
+forwards, while --page-timeout counts wall time. `--max-rows N` takes more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PIL import Image
+
+from hsd_cli.stages.vlm import VlmOptions
+
+GIB = 1 << 30
+MAX_DEFAULT_ROWS = 256  # vLLM's default max_num_seqs: past it a step's host work grows past its forward
+DEVICE_SHARE = 0.9  # of the device's memory planned for (vLLM's gpu_memory_utilization)
+WORKSPACE_BYTES = 4 * GIB  # beside weights and caches: a prefill's activations, a step's logits
+A4_PT = (595.0, 842.0)  # the larger of A4 and Letter
+# A document in flight in the worker, beside the model: its open PDF, pages, drafts and the
+# pipeline's state. Measured with the model on the CPU (so an upper figure): the worker's peak
+# grew from 1,642-1,817 MiB at one row to 3,276-3,514 MiB at 8 (docs/BENCHMARKS.md).
+HOST_BYTES_PER_ROW = 256 << 20
+
+
+@dataclass(frozen=True)
+class RowsChoice:
+    rows: int
+    why: str  # the run's first line says it
+
+
+def device_rows(device_bytes: int, weight_bytes: int, row_bytes: int) -> int:
+    """Rows whose caches fit beside the weights and the workspace in DEVICE_SHARE of the device."""
+    return max(0, int((device_bytes * DEVICE_SHARE - weight_bytes - WORKSPACE_BYTES) // row_bytes))
+
+
+def host_rows(host_bytes: int) -> int:
+    """Documents in flight that half of the host's available memory holds."""
+    return host_bytes // 2 // HOST_BYTES_PER_ROW
+
+
+def bounded(*rows: int) -> int:
+    """At least one row (the model alone decides whether it fits), at most MAX_DEFAULT_ROWS."""
+    return max(1, min(MAX_DEFAULT_ROWS, *rows))
+
+
+def default_rows(options: VlmOptions, dpi: int, max_pixels: int) -> RowsChoice:
+    """The rows a run with this model and render size keeps in flight by default."""
+    from transformers import AutoConfig
+
+    from hsd_cli.decoding.target.devices import default_device, default_dtype
+    from hsd_cli.decoding.target.footprint import (
+        device_memory,
+        model_footprint,
+        prompt_tokens,
+    )
+    from hsd_cli.models.settings import settings_for
+    from hsd_cli.processes import available_memory
+    from hsd_cli.stages.rasterize import render_scale
+
+    device = options.device or default_device()
+    device_bytes = device_memory(device)
+    if device_bytes is None:
+        return RowsChoice(1, "the model runs on the CPU; --max-rows N keeps more in flight")
+    config = AutoConfig.from_pretrained(options.model, trust_remote_code=options.trust_remote_code)
+    footprint = model_footprint(config, options.dtype or default_dtype(device), options.trust_remote_code)
+    scale = render_scale(A4_PT, dpi, max_pixels)
+    page = Image.new("RGB", (round(A4_PT[0] * scale), round(A4_PT[1] * scale)), "white")
+    settings = settings_for(config.model_type)
+    tokens = prompt_tokens(options.model, config.model_type, page, settings.page_prompt, options.trust_remote_code)
+    tokens += options.max_new_tokens or settings.max_new_tokens
+    on_device = device_rows(device_bytes, footprint.weight_bytes, tokens * footprint.kv_bytes_per_token)
+    why = f"{device}'s {device_bytes / GIB:.0f} GiB hold {on_device} rows of {tokens:,} tokens"
+    host_bytes = available_memory()
+    if host_bytes is None:
+        return RowsChoice(bounded(on_device), why)
+    on_host = host_rows(host_bytes)
+    return RowsChoice(bounded(on_device, on_host), f"{why}; half the host's {host_bytes / GIB:.0f} GiB available, {on_host} documents")

@@ -1,0 +1,28 @@
+"""A model's footprint, known without its weights, against the loaded model: what the default
+rows in flight (stages.rows) budget a device's memory with."""
+
+import torch
+
+from hsd_cli.decoding.target.footprint import kv_bytes_per_token, model_footprint
+
+
+def test_the_weights_bytes_are_the_loaded_models(tiny_target):
+    model = tiny_target.model
+    loaded = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()
+    )
+    assert model_footprint(model.config, "float32").weight_bytes == loaded
+    parameters = sum(p.numel() for p in model.parameters())
+    assert model_footprint(model.config, "float32").weight_bytes - model_footprint(model.config, "bfloat16").weight_bytes >= parameters * 2
+
+
+def test_a_rows_cache_grows_by_the_bytes_per_token_budgeted(tiny_target, page_image):
+    """What a real prefill leaves in the cache, per token of the prompt, in every layer."""
+    state, _ = tiny_target.prefill(tiny_target.inputs([page_image], ["Transcribe the page."]))
+    tokens = int(state.past_len[0])
+    cached = sum(
+        layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        for layer in state.cache.layers
+    )
+    assert state.slot_valid.shape[1] == tokens, "one row: no padding slots"
+    assert cached == tokens * kv_bytes_per_token(tiny_target.model.config, torch.float32.itemsize)

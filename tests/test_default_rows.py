@@ -1,0 +1,129 @@
+"""Rows in flight where --max-rows is not given (stages.rows): as many as a GPU's memory holds,
+one on the CPU; the run says which, and its summary records them."""
+
+import json
+from dataclasses import replace
+
+from PIL import Image
+
+from hsd_cli.config import Executor, RunConfig
+from tests.conftest import run_hsd
+
+
+def test_rows_fill_the_devices_share_beside_weights_and_workspace_and_half_the_hosts_memory():
+    from hsd_cli.stages.rows import (
+        GIB,
+        MAX_DEFAULT_ROWS,
+        bounded,
+        device_rows,
+        host_rows,
+    )
+
+    # Qwen2.5-VL-7B in bf16 on an 80 GiB device: 16.6 GB of weights, rows of 7,000 tokens at 57,344 bytes.
+    row = 7_000 * 57_344
+    rows = device_rows(80 * GIB, 16_584_333_648, row)
+    assert rows == int((80 * GIB * 0.9 - 16_584_333_648 - 4 * GIB) // row) == 140
+    assert device_rows(120 * GIB, 16_584_333_648, row) == 236, "the weights are paid once: 40 GiB more, 96 rows more"
+    assert host_rows(16 * GIB) == 32, "half of 16 GiB holds 32 documents"
+    assert bounded(device_rows(16 * GIB, 16_584_333_648, row)) == 1, "a model that barely fits still reads, one row"
+    assert bounded(device_rows(1024 * GIB, 1, row), host_rows(4096 * GIB)) == MAX_DEFAULT_ROWS
+    assert bounded(rows, host_rows(16 * GIB)) == 32 and bounded(rows, host_rows(1024 * GIB)) == 140
+
+
+def test_on_the_cpu_the_default_is_one_row_and_nothing_is_loaded():
+    from hsd_cli.stages.rows import default_rows
+    from hsd_cli.stages.vlm import VlmOptions
+
+    choice = default_rows(VlmOptions(model="no/such-model", device="cpu"), 150, 40_000_000)
+    assert choice.rows == 1 and "CPU" in choice.why
+
+
+def test_on_a_gpu_the_rows_follow_its_memory_and_the_pages_prompt(tiny_model, monkeypatch):
+    """The budget on a device of a given size (its memory stands in for a GPU's), priced with the
+    model's own footprint and the prompt its processor makes of an A4 page at the render size."""
+    from hsd_cli import processes
+    from hsd_cli.decoding.target import footprint, load_target
+    from hsd_cli.models.settings import settings_for
+    from hsd_cli.stages.rows import A4_PT, GIB, WORKSPACE_BYTES, default_rows
+    from hsd_cli.stages.vlm import VlmOptions
+
+    target = load_target(str(tiny_model), device="cpu", dtype="float32")
+    page = Image.new("RGB", (round(A4_PT[0] * 100 / 72), round(A4_PT[1] * 100 / 72)), "white")
+    prompt = settings_for(target.model_type).page_prompt
+    tokens = target.inputs([page], [prompt])["input_ids"].shape[-1] + 64
+    row = tokens * footprint.kv_bytes_per_token(target.model.config, 4)
+    weights = footprint.model_footprint(target.model.config, "float32").weight_bytes
+    device = int((WORKSPACE_BYTES + weights + 37.5 * row) / 0.9)  # room for 37 rows and a half
+    monkeypatch.setattr(footprint, "device_memory", lambda name: device if name == "cuda" else None)
+    monkeypatch.setattr(processes, "available_memory", lambda: None)
+    options = VlmOptions(model=str(tiny_model), device="cuda", dtype="float32", max_new_tokens=64)
+    choice = default_rows(options, dpi=100, max_pixels=40_000_000)
+    assert choice.rows == 37
+    assert f"hold 37 rows of {tokens:,} tokens" in choice.why
+    assert default_rows(replace(options, max_new_tokens=6400), dpi=100, max_pixels=40_000_000).rows < 37, "longer rows"
+    monkeypatch.setattr(processes, "available_memory", lambda: 4 * GIB)
+    small_host = default_rows(options, dpi=100, max_pixels=40_000_000)
+    assert small_host.rows == 8 and "half the host's 4 GiB available, 8 documents" in small_host.why
+    monkeypatch.setattr(processes, "available_memory", lambda: None)
+
+    asked = []
+    measure = footprint.prompt_tokens
+    monkeypatch.setattr(footprint, "prompt_tokens", lambda model, family, image, *rest: asked.append(image.size) or measure(model, family, image, *rest))
+    default_rows(options, dpi=200, max_pixels=40_000_000)
+    default_rows(options, dpi=400, max_pixels=page.width * page.height)
+    assert asked[0] == (round(A4_PT[0] * 200 / 72), round(A4_PT[1] * 200 / 72)), "the page at the run's dpi"
+    assert abs(asked[1][0] - page.width) <= 1 and abs(asked[1][1] - page.height) <= 1, "--max-pixels caps it"
+
+
+def test_max_rows_unset_is_chosen_and_recorded(tiny_model, docs_dir, tmp_path):
+    assert RunConfig().max_rows is None
+    RunConfig(executor=Executor.RAY)  # unset is one row there: no refusal
+    chosen = run_hsd("convert", docs_dir, "-o", tmp_path / "a", "--model", tiny_model, "--json",
+                     "--max-new-tokens", "8", "--device", "cpu", "--events", tmp_path / "a.ndjson")
+    assert chosen.exit_code == 0, chosen.stderr
+    assert json.loads(chosen.stdout)["max_rows"] == 1
+    started = json.loads((tmp_path / "a.ndjson").read_text().splitlines()[0])
+    assert started["event"] == "run_started" and started["max_rows"] == 1
+    assert "rows in flight: 1 (the model runs on the CPU" in chosen.stderr
+    given = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "b", "--model", tiny_model, "--json",
+                    "--max-new-tokens", "8", "--max-rows", "2")
+    assert given.exit_code == 0, given.stderr
+    assert json.loads(given.stdout)["max_rows"] == 2
+    assert "rows in flight" not in given.stderr, "a value given is not announced"
+    draft_only = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "c", "--json", "-q")
+    assert json.loads(draft_only.stdout)["max_rows"] == 1
+
+
+def test_a_budget_that_cannot_be_worked_out_warns_and_reads_one_row(tiny_model, docs_dir, tmp_path, monkeypatch):
+    from hsd_cli.decoding.target import footprint
+
+    monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
+
+    def broken(*args, **kwargs):
+        raise OSError("no preprocessor_config.json")
+
+    monkeypatch.setattr(footprint, "prompt_tokens", broken)
+    result = run_hsd("convert", docs_dir, "-o", tmp_path / "a", "--model", tiny_model, "--json",
+                     "--max-new-tokens", "8", "--device", "cpu")
+    assert result.exit_code == 0, result.stderr
+    assert "cannot budget the rows in flight (OSError: no preprocessor_config.json); one row" in result.stderr
+    assert json.loads(result.stdout)["max_rows"] == 1
+
+
+def test_on_a_gpu_a_run_keeps_no_more_rows_than_it_has_documents(tiny_model, docs_dir, tmp_path, monkeypatch):
+    """Per-page sizing prices each read at the rows: a run of two documents on a device that
+    holds many reads as two rows, and one document as one (whole trees, as against `generate`).
+    The parent's view of the device stands in for a GPU; the worker still runs on the CPU."""
+    from hsd_cli import processes
+    from hsd_cli.decoding.target import devices, footprint
+
+    monkeypatch.setattr(devices, "default_device", lambda: "cuda")
+    monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
+    monkeypatch.setattr(processes, "available_memory", lambda: None)
+    both = run_hsd("convert", docs_dir, "-o", tmp_path / "both", "--model", tiny_model, "--json", "--max-new-tokens", "8")
+    assert both.exit_code == 0, both.stderr
+    assert json.loads(both.stdout)["max_rows"] == 2
+    assert "rows in flight: 2, one per document (cuda's 80 GiB hold " in both.stderr
+    one = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "one", "--model", tiny_model, "--json", "--max-new-tokens", "8")
+    assert one.exit_code == 0, one.stderr
+    assert json.loads(one.stdout)["max_rows"] == 1 and "rows in flight" not in one.stderr
