@@ -159,7 +159,7 @@ def convert(
         float, typer.Option(envvar=_env("max_page_error_rate"), help="Share of failed pages above which a document fails.")
     ] = 0.2,
     max_docs_per_worker: Annotated[
-        int, typer.Option(envvar=_env("max_docs_per_worker"), help="Replace the worker process after this many documents.")
+        int, typer.Option(envvar=_env("max_docs_per_worker"), help="Replace the worker process after this many documents per row in flight (--max-rows).")
     ] = 50,
     max_rows: Annotated[
         int | None, typer.Option(envvar=_env("max_rows"), help="Rows the model keeps in flight: with a model, this many documents share one worker process and the model's forwards (local executor; default: as many as the GPU's memory holds, 1 on the CPU).")

@@ -136,7 +136,7 @@ class RunConfig:
     page_timeout: float = 600.0
     doc_timeout: float = 0.0
     max_page_error_rate: float = 0.2
-    max_docs_per_worker: int = 50
+    max_docs_per_worker: int = 50  # per row in flight (runner.documents_per_process)
     # Rows the model keeps in flight: documents in flight in one local worker process when a
     # model runs (runner.documents_in_flight), so that their pages share the model's forwards.
     # None: as the device's memory holds (runner.default_max_rows, stages.rows).

@@ -206,6 +206,14 @@ def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
     return run.max_rows if runs_model(config) else 1
 
 
+def documents_per_process(config: ConvertConfig, run: RunConfig) -> int:
+    """Documents a worker process serves before it is replaced: --max-docs-per-worker per document
+    in flight. A process due takes no new document until those in flight are done, so its rows
+    empty out for the slowest one's tail, and the next process loads the model again: counted per
+    row, a generation of N rows loses that tail once in as many documents as one row's does."""
+    return run.max_docs_per_worker * documents_in_flight(config, run)
+
+
 def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, documents: int) -> int:
     """--max-rows where it is not given: as many rows as the model's device holds (stages.rows:
     one on the CPU), and no more than the run's `documents` (this shard's, those done included,
@@ -244,7 +252,7 @@ def drafting_processes(config: ConvertConfig, run: RunConfig) -> int | None:
 
 def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayExecutor:
     if run.executor is Executor.LOCAL:
-        return LocalExecutor(documents_in_flight(config, run), run.max_docs_per_worker)
+        return LocalExecutor(documents_in_flight(config, run), documents_per_process(config, run))
     from hsd_cli.ray_executor import RayExecutor  # imports ray: only when asked for
 
     return RayExecutor.connect(run.ray_address, run.gpus_per_worker, config.output_dir)
@@ -336,7 +344,7 @@ class BatchRun:
         self.reporter = reporter
         self.events = events
         self.config_hash = config_hash(config, run.page_timeout)
-        self.limits = Limits(run.page_timeout, run.doc_timeout, run.max_docs_per_worker)
+        self.limits = Limits(run.page_timeout, run.doc_timeout, documents_per_process(config, run))
         # Held while the manifest, the display and the events take a finished document: documents
         # finish on several threads when the executor runs several workers.
         self.recording = threading.Lock()

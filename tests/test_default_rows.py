@@ -127,3 +127,21 @@ def test_on_a_gpu_a_run_keeps_no_more_rows_than_it_has_documents(tiny_model, doc
     one = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "one", "--model", tiny_model, "--json", "--max-new-tokens", "8")
     assert one.exit_code == 0, one.stderr
     assert json.loads(one.stdout)["max_rows"] == 1 and "rows in flight" not in one.stderr
+
+
+def test_a_worker_process_serves_max_docs_per_worker_per_row_in_flight(tmp_path):
+    """A process due drains its rows and the next loads the model again: with N rows it is due
+    after N times --max-docs-per-worker documents, so a generation pays that once per as many
+    documents per row as with one row."""
+    from hsd_cli.config import ConvertConfig
+    from hsd_cli.runner import BatchRun, EventLog, Reporter, documents_per_process, open_executor
+
+    with_model = ConvertConfig(output_dir=tmp_path, model="some/model")
+    draft_only = ConvertConfig(output_dir=tmp_path)
+    run = RunConfig(max_rows=4, max_docs_per_worker=5)
+    assert documents_per_process(with_model, run) == 20
+    assert documents_per_process(draft_only, run) == 5, "without a model one document is in flight"
+    executor = open_executor(with_model, run)
+    assert (executor.slots, executor.max_docs_per_worker) == (4, 20)
+    batch = BatchRun(with_model, run, Reporter(console=None), EventLog(None))
+    assert batch.limits.max_docs_per_worker == 20, "the pools recycle by the same count"

@@ -41,8 +41,11 @@ CONFIG = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False)
 # 80% of positions have a top-2 gap above 4 units, and rows decoded at a wrong position picked
 # tokens 12 to 180 units behind (`test_a_row_decoded_wrongly_fails_the_check`).
 NEAR_TIE_UNITS = 4
-# Flips are rare (at most one per row seen); many in one row would be no rounding.
-MAX_FLIPS = 3
+# Flips are rare; many in one row would be no rounding. At most one per row was seen on an AMD EPYC;
+# on an Intel Xeon without native bf16 (the reference kernels round otherwise) deepseek_ocr2's page
+# row, prefilled with the other rows, flipped 5 times in its 96 tokens, 0 to 3 units behind each,
+# where a row decoded wrongly picks tokens 12 to 180 units behind. One flip in 16 tokens at most.
+MAX_FLIPS = LENGTH // 16
 
 
 def units_behind(logits: torch.Tensor, token: int) -> float:
@@ -170,7 +173,9 @@ def test_packed_rows_equal_plain_decoding_alone_except_at_near_ties(bf16_target,
     results = decode_batch(bf16_target, requests, CONFIG, separate_prefill=True)
     flips = check_rows(bf16_target, [rows[0], *rows], results, [references[0], *references], "packed, speculative")
     assert any(not f for f in flips), "some row flips nowhere"
-    assert sum(r.stats.accepted for r in results) > 2 * LENGTH, "the drafts did get used"
+    # A page row that flips early leaves its own draft there (183 of 480 tokens accepted on the
+    # Intel Xeon above, more than 192 on the AMD EPYC): more than a row's length still says so.
+    assert sum(r.stats.accepted for r in results) > LENGTH, "the drafts did get used"
     stops = set(bf16_target.stop_token_ids)
     # Rows decode together from the start: a row that took no more forwards than the page row
     # ended while the page row still decoded, and gave it its output.
