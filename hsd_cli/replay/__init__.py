@@ -132,10 +132,10 @@ def build_command(
     from hsd_cli.replay.dataset import ReplayInputError
     from hsd_cli.replay.model import TINY_SHAPE, ReplayShape
     from hsd_cli.replay.presets import (
-        FAST_RECIPE,
         PRESETS,
         default_model_dir,
         preset_paths,
+        preset_recipe,
         preset_tokenizer,
     )
 
@@ -149,7 +149,8 @@ def build_command(
             _fail(f"--corpus {corpus}: not a directory")
         if vocab_size is not None:
             _fail(f"--preset {preset} is on the Qwen2 tokenizer: --vocab-size sizes a tokenizer the build trains")
-        named, recipe = PRESETS[preset], FAST_RECIPE
+        named = PRESETS[preset]
+        recipe = preset_recipe(named)
         if corpus is not None:
             corpus_outputs, corpus_inputs = preset_paths(named, corpus)
             outputs, inputs = outputs or corpus_outputs, inputs or corpus_inputs

@@ -24,7 +24,7 @@ from PIL import Image
 from hsd_cli.stages.vlm import VlmOptions
 
 GIB = 1 << 30
-MAX_DEFAULT_ROWS = 256  # vLLM's default max_num_seqs: past it a step's host work grows past its forward
+MAX_DEFAULT_ROWS = 256  # vLLM's default max_num_seqs
 DEVICE_SHARE = 0.9  # of the device's memory planned for (vLLM's gpu_memory_utilization)
 WORKSPACE_BYTES = 4 * GIB  # beside weights and caches: a prefill's activations, a step's logits
 A4_PT = (595.0, 842.0)  # the larger of A4 and Letter
