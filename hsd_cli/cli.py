@@ -6,12 +6,13 @@ table of a TOML config file; see hsd_cli/settings.py for the precedence.
 
 from __future__ import annotations
 
+import functools
 import json as json_lib
 import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -38,7 +39,18 @@ app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
 app.add_typer(eval_app, name="eval")
 app.add_typer(replay_app, name="replay-model")
-app.command("profile")(profile_command)
+
+
+@app.command("profile")
+@functools.wraps(profile_command)
+def profile(**options: Any) -> None:
+    """`hsd profile`, which also takes a replay model's name (`--model olmocr-replay-qwen2`: its
+    build in the user cache, or exit 4 with the command that builds it), as `hsd convert` does."""
+    if options["model"] is not None:
+        from hsd_cli.bench.loading import bench_model_path
+
+        options["model"] = bench_model_path(options["model"])
+    profile_command(**options)
 
 
 def _version(value: bool) -> None:

@@ -79,6 +79,10 @@ def test_profile_usage_errors(tmp_path):
     assert one_host_row.exit_code == 2 and "at least 2 distinct values or none, not '8'" in one_host_row.stderr
     nothing_fits = run_hsd("profile", "--model", str(tmp_path / "absent"), "--rows", "2,4", "--nodes", "2", "--max-tokens", "3")
     assert nothing_fits.exit_code == 2 and "3 is below the smallest rows x nodes, 4" in nothing_fits.stderr
+    # A model that cannot be loaded: one line and exit code 4, as hsd convert says it.
+    not_a_model = run_hsd("profile", "--model", str(tmp_path), "--rows", "1", "--nodes", "1")
+    assert not_a_model.exit_code == 4 and not_a_model.stderr.startswith(f"error: cannot load model '{tmp_path}'")
+    assert len(not_a_model.stderr.strip().splitlines()) == 1 and "Traceback" not in not_a_model.stderr
 
 
 NO_HOST = HostCost()

@@ -68,7 +68,7 @@ def print_profile(profile: Profile) -> None:
 
 
 def profile(
-    model: Annotated[str | None, typer.Option(help="Model id or local directory to measure.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model id, local directory or replay model name (as hsd convert takes) to measure.")] = None,
     random_weights: Annotated[
         str | None,
         typer.Option(help="Measure a real-size architecture with random weights instead: a name in configs/architectures (qwen2_5_vl_3b, qwen2_5_vl_7b) or a config.json."),
@@ -127,7 +127,12 @@ def profile(
         else:
             from hsd_cli.decoding import load_target
 
-            target = load_target(model, device=device, dtype=dtype)
+            try:
+                target = load_target(model, device=device, dtype=dtype)
+            except (OSError, ValueError) as exc:  # not a model directory, not in the HF cache, ...
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                print(f"error: cannot load model {model!r}: {first_line}", file=sys.stderr)
+                raise typer.Exit(4) from None
             source = model
         result = measure_profile(
             target, source, **grid, max_tokens=max_tokens, repeats=repeats, progress=lambda line: print(line, file=sys.stderr),

@@ -99,6 +99,7 @@ def test_a_preset_name_is_its_build_in_the_user_cache_or_an_error_with_the_build
         ("bench", "pipeline", pdf, "--model", "omnidocbench-replay-qwen2"),
         ("bench", "throughput", pdf, "--model", "omnidocbench-replay-qwen2"),
         ("bench", "decode", "--model", "omnidocbench-replay-qwen2"),
+        ("profile", "--model", "omnidocbench-replay-qwen2"),
         ("replay-model", "eval", "omnidocbench-replay-qwen2"),
         ("replay-model", "status", "omnidocbench-replay-qwen2"),
     ):
