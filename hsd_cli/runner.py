@@ -26,7 +26,7 @@ from hsd_cli.config import ConvertConfig, Executor, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.local_executor import LocalExecutor
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model, vlm_options
+from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model
 from hsd_cli.records import DocStatus
 from hsd_cli.stats import DecodingTotals
 from hsd_cli.worker import Limits, ProgressSink, WorkerPool, peak_rss_mib
@@ -221,10 +221,13 @@ def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, 
     these rows: a run of one document reads with whole trees, as `generate`'s rival, not as one
     row of a full batch. One without a model, or on Ray (an actor converts one document at a
     time). A budget that cannot be worked out is warned of and gives one row."""
+    from hsd_cli.tasks import vlm_options
+
     options = vlm_options(config)
     if options is None or run.executor is not Executor.LOCAL or documents <= 1:
         return 1
-    from hsd_cli.stages.rows import default_rows  # imports torch: only when a VLM will run
+    # Imports torch: only when a VLM will run.
+    from hsd_cli.stages.rows import default_rows
 
     try:
         choice = default_rows(options, config.dpi, config.max_pixels)

@@ -134,7 +134,13 @@ def test_a_worker_process_serves_max_docs_per_worker_per_row_in_flight(tmp_path)
     after N times --max-docs-per-worker documents, so a generation pays that once per as many
     documents per row as with one row."""
     from hsd_cli.config import ConvertConfig
-    from hsd_cli.runner import BatchRun, EventLog, Reporter, documents_per_process, open_executor
+    from hsd_cli.runner import (
+        BatchRun,
+        EventLog,
+        Reporter,
+        documents_per_process,
+        open_executor,
+    )
 
     with_model = ConvertConfig(output_dir=tmp_path, model="some/model")
     draft_only = ConvertConfig(output_dir=tmp_path)
