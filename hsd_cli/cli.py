@@ -174,7 +174,7 @@ def convert(
         int, typer.Option(envvar=_env("max_docs_per_worker"), help="Replace the worker process after this many documents per row in flight (--max-rows).")
     ] = 50,
     max_rows: Annotated[
-        int | None, typer.Option(envvar=_env("max_rows"), help="Rows the model keeps in flight: with a model, this many documents share one worker process and the model's forwards (local executor; default: as many as the GPU's memory holds, 1 on the CPU).")
+        int | None, typer.Option(envvar=_env("max_rows"), help="Rows the model keeps in flight: with a model, this many documents share one worker (a process, or each Ray actor) and the model's forwards (default: as many as the GPU's memory holds; 1 on the CPU and on Ray).")
     ] = None,
     sizing: Annotated[
         Sizing,

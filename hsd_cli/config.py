@@ -137,7 +137,7 @@ class RunConfig:
     doc_timeout: float = 0.0
     max_page_error_rate: float = 0.2
     max_docs_per_worker: int = 50  # per row in flight (runner.documents_per_process)
-    # Rows the model keeps in flight: documents in flight in one local worker process when a
+    # Rows the model keeps in flight: documents in flight in one worker (a local process, each Ray actor) when a
     # model runs (runner.documents_in_flight), so that their pages share the model's forwards.
     # None: as the device's memory holds (runner.default_max_rows, stages.rows).
     max_rows: int | None = None
@@ -166,8 +166,6 @@ class RunConfig:
             raise UsageError(f"--max-rows must be at least 1, got {self.max_rows}")
         if self.draft_workers is not None and self.draft_workers < 0:
             raise UsageError(f"--draft-workers must be at least 0, got {self.draft_workers}")
-        if (self.max_rows or 1) > 1 and self.executor is Executor.RAY:
-            raise UsageError("--max-rows above 1 needs --executor local: a Ray actor converts one document at a time")
 
 
 def parse_shard(spec: str) -> tuple[int, int]:

@@ -1,10 +1,14 @@
-"""Documents on a Ray cluster (`--executor ray`): one worker actor per slot, driven like a local
-worker process, one document at a time (`--max-rows` above 1 is refused with Ray: config.RunConfig).
+"""Documents on a Ray cluster (`--executor ray`): one worker actor per slot of the cluster (a CPU,
+or `--gpus-per-worker` GPUs), each converting as many documents at once as a local worker process
+does (runner.documents_in_flight: `--max-rows` with a model), as a `shared_worker.SharedWorker`
+with a channel per document: the same routing, recycling and blame of a crash.
 
 The driver keeps everything a run guarantees (the manifest, the lock, deadlines, resume): an
-actor only converts the document it is sent, writing its outputs and page checkpoints to OUT,
-which every node must see, and streams its progress events back. An actor that dies (a crash, a
-SIGKILL, a lost node) is replaced, and the document resumes from its checkpoints on the new one.
+actor only converts the documents it is sent, writing their outputs and page checkpoints to OUT,
+which every node must see, and streams their progress events back. An actor that dies (a crash, a
+SIGKILL, a lost node) is replaced, and its documents resume from their checkpoints on the new one.
+Events an actor had sent but the driver had not read when it died are lost with it (Ray drops a
+dead actor's unread stream), so a crash is blamed by the documents' states as last read.
 The only module that imports ray.
 """
 
@@ -16,15 +20,19 @@ import queue
 import secrets
 import socket
 import sys
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hsd_cli.output.manifest import STATE_DIR
+from hsd_cli.shared_worker import Event, SharedWorker, SharedWorkers, WorkerChannel
 from hsd_cli.tasks import DocumentTask
-from hsd_cli.worker import ExecutorUnavailableError
+from hsd_cli.worker import (
+    WORKER_ERROR,
+    DocumentThreads,
+    ExecutorUnavailableError,
+    error_line,
+)
 
 try:
     import ray
@@ -41,7 +49,9 @@ _FORWARDED_PREFIX = "HSD_"
 CONNECT_TIMEOUT_S = 10
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
+# Threaded: the event stream holds one of the actor's threads for its life, and `submit` (and
+# the tests' probes) must run beside it. The documents run on threads of their own.
+@ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=4)
 class DocumentActor:
     """A worker on a Ray node; the pipeline's models load once per actor, as in a worker process."""
 
@@ -50,9 +60,16 @@ class DocumentActor:
         # Ray sizes torch's threads (OMP_NUM_THREADS) to the actor's CPUs, but onnxruntime (the draft's
         # layout and OCR models) sizes its pools to the node's cores: with one actor per CPU the
         # pools oversubscribe the node and each document took twice as long. Read when a session
-        # is created, which is after this (the pipeline loads in `convert`).
+        # is created, which is after this (the pipeline loads with the first document).
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
         os.environ.setdefault("ORT_INTRA_OP_NUM_THREADS", str(max(1, int(cpus))))
+        self.outbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.documents = DocumentThreads(lambda *event: self.outbox.put(event), self._failed)
+
+    def _failed(self, channel: int, exc: BaseException) -> None:
+        # The actor goes on (a death would lose this reason with the stream): the driver sees the
+        # channel lost, and its pool replaces the actor.
+        self.outbox.put((channel, WORKER_ERROR, f"worker error ({error_line(exc)})"))
 
     def sees(self, probe: str) -> str | None:
         """The probe file's content as this actor's node reads it (None: not there)."""
@@ -61,28 +78,50 @@ class DocumentActor:
         except OSError:
             return None
 
-    def convert(self, task: DocumentTask) -> Iterator[tuple[str, Any]]:
-        """The document's progress events as they happen, then ("doc_done", outcome)."""
-        from hsd_cli.worker import run_document
+    def submit(self, channel: int, task: DocumentTask) -> None:
+        self.documents.start(channel, task)
 
-        events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-
-        def work() -> None:
-            try:
-                run_document(task, lambda name, payload: events.put((name, payload)))
-            except BaseException as exc:  # noqa: BLE001 - e.g. the worker cannot import the pipeline
-                events.put(("worker_error", exc))
-
-        # The pipeline reports through a callback; a thread lets this generator yield meanwhile.
-        threading.Thread(target=work, daemon=True).start()
+    def events(self) -> Any:
+        """Every document's (channel, name, payload) events, as they happen, for the actor's life."""
         while True:
-            event = events.get()
-            if event[0] == "worker_error":
-                # Raised here, the driver sees the worker fail instead of waiting for an outcome.
-                raise event[1]
-            yield event
-            if event[0] == "doc_done":
-                return
+            yield self.outbox.get()
+
+
+class SharedActor(SharedWorker):
+    """A worker actor: tasks in by method calls, events out through its one stream."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        self.actor: Any = None
+        self.stream: Any = None
+        self.death = "crash"
+        super().__init__()
+
+    def _start(self) -> None:
+        self.actor = DocumentActor.options(**self.options).remote()
+        self.stream = self.actor.events.remote()
+
+    def _receive(self) -> Event | None:
+        try:
+            return ray.get(next(self.stream))
+        except RayActorError as exc:
+            # An actor whose start raised (it could not import hsd, ...): the error is the reason.
+            self.death = f"worker error ({error_line(exc)})" if exc.actor_init_failed else f"crash ({type(exc).__name__})"
+        except RayError as exc:
+            self.death = f"worker error ({error_line(getattr(exc, 'cause', None) or exc)})"
+        return None
+
+    def _send(self, channel: int, task: DocumentTask) -> None:
+        self.actor.submit.remote(channel, task)
+
+    def _finish(self) -> None:
+        pass  # stopped when no document is in flight: an actor between documents holds nothing to flush
+
+    def _kill(self) -> None:
+        ray.kill(self.actor, no_restart=True)
+
+    def _crash(self) -> str:
+        return self.death
 
 
 def _write_probe(path: Path, token: str) -> None:
@@ -103,50 +142,11 @@ def _check_reachable(address: str | None) -> None:
         ) from None
 
 
-class RayWorker:
-    """The driver's handle on one actor (the `Worker` a WorkerPool drives)."""
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-        self.stream: Any = None
-        self.gone: str | None = None
-        self.documents = 0
-
-    def submit(self, task: DocumentTask) -> None:
-        self.documents += 1
-        self.stream = self.actor.convert.remote(task)
-
-    def next_event(self, timeout: float) -> tuple[str, Any] | None:
-        ready, _ = ray.wait([self.stream], timeout=timeout)
-        if not ready:
-            return None
-        try:
-            return ray.get(next(self.stream))
-        except StopIteration:
-            self.gone = "stream ended without an outcome"
-        except RayActorError as exc:
-            self.gone = f"crash ({type(exc).__name__})"
-        except RayError as exc:  # the worker raised: its cause, in one line
-            cause = getattr(exc, "cause", None) or exc
-            self.gone = f"worker error ({type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''})"
-        return None
-
-    def lost(self) -> str | None:
-        return self.gone
-
-    def kill(self) -> None:
-        ray.kill(self.actor, no_restart=True)
-
-    def stop(self) -> None:
-        self.kill()  # an actor between documents holds nothing to flush
-
-
 @dataclass
 class RayExecutor:
-    """A connection to a Ray cluster with room for `slots` worker actors."""
+    """A connection to a Ray cluster with room for `workers.places` worker actors."""
 
-    slots: int
-    actor_options: dict[str, Any]
+    workers: SharedWorkers
     started_ray: bool  # this run started Ray on this machine, and stops it at the end
     # Ray prints cluster errors (a worker died, ...) on sys.stdout, where `--json` writes its one
     # object: while Ray is connected, sys.stdout is stderr (streams opened before, such as
@@ -157,7 +157,11 @@ class RayExecutor:
         sys.stdout = sys.stderr
 
     @classmethod
-    def connect(cls, address: str | None, gpus_per_worker: float, output_dir: Path) -> RayExecutor:
+    def connect(
+        cls, address: str | None, gpus_per_worker: float, output_dir: Path, rows: int, max_docs_per_worker: int
+    ) -> RayExecutor:
+        """`rows`: documents each actor converts at once; `max_docs_per_worker`: an actor's
+        documents before it is replaced (over all its rows)."""
         started_ray = not ray.is_initialized()
         if started_ray:
             _check_reachable(address)
@@ -174,13 +178,14 @@ class RayExecutor:
                 ) from None
         resources = ray.cluster_resources()
         if gpus_per_worker:
-            slots = int(resources.get("GPU", 0) // gpus_per_worker)
+            actors = int(resources.get("GPU", 0) // gpus_per_worker)
             options = {"num_cpus": 1, "num_gpus": gpus_per_worker}
         else:
-            slots = int(resources.get("CPU", 0))
+            actors = int(resources.get("CPU", 0))
             options = {"num_cpus": 1}
-        executor = cls(slots=slots, actor_options=options, started_ray=started_ray)
-        if slots < 1:
+        workers = SharedWorkers(actors, rows, max_docs_per_worker, lambda: SharedActor(options))
+        executor = cls(workers=workers, started_ray=started_ray)
+        if actors < 1:
             executor.close()
             raise ExecutorUnavailableError(
                 f"the Ray cluster has no room for a worker ({resources.get('CPU', 0):g} CPUs, "
@@ -194,8 +199,12 @@ class RayExecutor:
             raise
         return executor
 
-    def start_worker(self) -> RayWorker:
-        return RayWorker(DocumentActor.options(**self.actor_options).remote())
+    @property
+    def slots(self) -> int:
+        return self.workers.slots
+
+    def start_worker(self) -> WorkerChannel:
+        return self.workers.start_worker()
 
     def check_shared_output(self, output_dir: Path) -> None:
         """Every node that may run a worker must see OUT: a probe written here is read back by
@@ -215,7 +224,12 @@ class RayExecutor:
             try:
                 seen = ray.get([actor.sees.remote(str(probe)) for actor in actors], timeout=120)
             except RayError as exc:
-                raise ExecutorUnavailableError(f"Ray workers could not start: {exc}", None) from None
+                # e.g. a node without hsd, or a source tree named hsd_cli where the driver started:
+                # Ray puts that directory first on its workers' import path.
+                raise ExecutorUnavailableError(
+                    f"Ray workers could not start: {error_line(exc)}",
+                    "install the same hsd on every node, and start the driver outside a source tree of hsd_cli",
+                ) from None
             finally:
                 for actor in actors:
                     ray.kill(actor)
@@ -230,6 +244,7 @@ class RayExecutor:
             )
 
     def close(self) -> None:
+        self.workers.close()
         if self.started_ray:
             ray.shutdown()
         sys.stdout = self.stdout

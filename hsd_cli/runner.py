@@ -200,17 +200,18 @@ def _manifest_record(
 
 
 def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
-    """Documents (or parts of a long one: pipeline.document_parts) a local worker process converts
-    at once: --max-rows where a model reads the pages (their rows share its forwards), else one
-    (without a model nothing overlaps: pipeline_lock)."""
+    """Documents (or parts of a long one: pipeline.document_parts) a worker (a local process, a Ray
+    actor) converts at once: --max-rows where a model reads the pages (their rows share its
+    forwards), else one (without a model nothing overlaps: pipeline_lock)."""
     return run.max_rows if runs_model(config) else 1
 
 
 def documents_per_process(config: ConvertConfig, run: RunConfig) -> int:
-    """Documents a worker process serves before it is replaced: --max-docs-per-worker per document
-    in flight. A process due takes no new document until those in flight are done, so its rows
-    empty out for the slowest one's tail, and the next process loads the model again: counted per
-    row, a generation of N rows loses that tail once in as many documents as one row's does."""
+    """Documents a worker (a local process, a Ray actor) serves before it is replaced:
+    --max-docs-per-worker per document in flight. A worker due takes no new document until those
+    in flight are done, so its rows empty out for the slowest one's tail, and the next worker loads
+    the model again: counted per row, a generation of N rows loses that tail once in as many
+    documents as one row's does."""
     return run.max_docs_per_worker * documents_in_flight(config, run)
 
 
@@ -219,8 +220,9 @@ def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, 
     one on the CPU), and no more than the run's `documents` (this shard's, those done included,
     so that a resumed run chooses alike), said on stderr. Per-page sizing prices every read at
     these rows: a run of one document reads with whole trees, as `generate`'s rival, not as one
-    row of a full batch. One without a model, or on Ray (an actor converts one document at a
-    time). A budget that cannot be worked out is warned of and gives one row."""
+    row of a full batch. One without a model, or on Ray (the driver does not see the actors'
+    devices: --max-rows N sets the rows of each actor). A budget that cannot be worked out is
+    warned of and gives one row."""
     from hsd_cli.tasks import vlm_options
 
     options = vlm_options(config)
@@ -258,7 +260,10 @@ def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayE
         return LocalExecutor(documents_in_flight(config, run), documents_per_process(config, run))
     from hsd_cli.ray_executor import RayExecutor  # imports ray: only when asked for
 
-    return RayExecutor.connect(run.ray_address, run.gpus_per_worker, config.output_dir)
+    return RayExecutor.connect(
+        run.ray_address, run.gpus_per_worker, config.output_dir,
+        documents_in_flight(config, run), documents_per_process(config, run),
+    )
 
 
 @dataclass

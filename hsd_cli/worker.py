@@ -4,8 +4,8 @@ The parent enforces the page and document timeouts: a worker stuck in a page (a 
 a native library that hangs) is killed, the page is marked lost, and a fresh worker resumes the
 document from its page checkpoints. A worker that dies is replaced the same way; the page it was
 on is tried once more before it is marked lost, since the death may be the machine's, not the page's.
-A local worker process may serve several documents at once (local_executor, --max-rows): a page
-stopped there stops the others' work too, and they resume on the fresh process without blame.
+A worker may serve several documents at once (shared_worker, --max-rows): a page stopped there
+stops the others' work too, and they resume on the fresh worker without blame.
 """
 
 from __future__ import annotations
@@ -66,6 +66,50 @@ def run_document(task: DocumentTask, emit: Callable[[str, Any], None], alone: bo
         emit("doc_done", replace(outcome, peak_rss_mib=peak_rss_mib()))
 
 
+class DocumentThreads:
+    """The documents in flight in one worker (a local process, a Ray actor), each on a thread of its
+    own, their events sent tagged with their channel; `on_error(channel, exc)` is told of an
+    error that escaped a document's pipeline (e.g. the pipeline cannot be imported), from inside
+    the `except` that caught it."""
+
+    def __init__(self, send: Callable[[int, str, Any], None], on_error: Callable[[int, BaseException], None]) -> None:
+        self.send = send
+        self.on_error = on_error
+        self.counting = threading.Lock()
+        self.in_flight = 0
+        self.threads: list[threading.Thread] = []
+
+    def start(self, channel: int, task: DocumentTask) -> None:
+        self.threads = [thread for thread in self.threads if thread.is_alive()]
+        self.threads.append(
+            threading.Thread(target=self._convert, args=(channel, task), name=f"hsd-document-{channel}", daemon=True)
+        )
+        self.threads[-1].start()
+
+    def _convert(self, channel: int, task: DocumentTask) -> None:
+        with self.counting:
+            self.in_flight += 1
+            alone = self.in_flight == 1
+        try:
+            run_document(task, lambda name, payload: self.send(channel, name, payload), alone)
+        except BaseException as exc:  # noqa: BLE001 - reported, not raised: a thread's error would be lost
+            self.on_error(channel, exc)
+        finally:
+            with self.counting:
+                self.in_flight -= 1
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join()
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception in one line: its type and its message's last line (a remote traceback's
+    message ends with the error itself)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
+
+
 class Worker(Protocol):
     """What the parent drives: one document at a time; its progress events end with
     ("doc_done", DocumentOutcome)."""
@@ -92,6 +136,9 @@ RESTARTED = "restarted (its process was stopped for another document)"
 CRASHED_ELSEWHERE = "restarted (its process died of another document's work)"
 # The events that say what a document's thread does (pipeline_lock's states).
 DOCUMENT_STATES = ("doc_waiting", "doc_running", "doc_model")
+# The event of a document's thread whose pipeline raised (its payload: why, for `lost()`), where
+# the worker goes on without it (a Ray actor; a local process dies of it instead).
+WORKER_ERROR = "worker_error"
 
 
 # The worker stops a page's model reads at --page-timeout itself (its draft stands in); the parent

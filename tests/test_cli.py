@@ -72,8 +72,7 @@ def test_no_input_matched_exits_3(tmp_path):
 
 @pytest.mark.parametrize(
     "args",
-    [["--dpi", "5"], ["--pages", "3-1"], ["--draft", "magic"], ["--draft-json", "."], ["--max-rows", "0"],
-     ["--max-rows", "2", "--executor", "ray"]],
+    [["--dpi", "5"], ["--pages", "3-1"], ["--draft", "magic"], ["--draft-json", "."], ["--max-rows", "0"]],
 )
 def test_bad_options_exit_2(args, docs_dir, tmp_path):
     result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, *args)

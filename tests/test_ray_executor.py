@@ -1,6 +1,8 @@
 """`--executor ray` on a local Ray cluster that the tests start: the same bytes and statuses as a
 local run, a killed worker actor replaced without losing or repeating a document, resume after
-the driver is killed, and clear errors where Ray cannot run the batch."""
+the driver is killed, and clear errors where Ray cannot run the batch. With a model and
+`--max-rows N`, each actor converts N documents at once, as a local worker process does: the
+bytes of one document at a time, and an actor killed with its rows in flight costs no page."""
 
 import json
 import os
@@ -15,6 +17,7 @@ import pytest
 
 from tests.conftest import run_hsd
 from tests.test_batch import _manifest, _statuses
+from tests.test_max_rows import _model_args, _outputs
 
 ray = pytest.importorskip("ray")
 
@@ -190,19 +193,90 @@ def test_worker_actors_size_onnxruntime_to_their_cpus(cluster):
             ray.kill(actor)
 
 
-def test_a_worker_that_cannot_run_fails_its_documents_instead_of_hanging(cluster, docs_dir, tmp_path):
+def test_workers_that_cannot_import_hsd_end_the_run_before_any_work(cluster, docs_dir, tmp_path):
     """A driver started beside another `hsd_cli` (Ray gives its workers the driver's directory
-    first on the import path): the workers' error ends each document with a reason, and the run.
-    (Before, the error escaped the driver's worker thread; an error inside the actor's pipeline
-    thread also used to leave the driver waiting for an outcome forever: both now end as `failed`.)"""
+    first on the import path): the actors cannot start, and the run ends at once with exit code 4
+    and the workers' error in one line, as for any environment error (before, the error escaped the
+    driver's worker thread, and an error in the actor's pipeline thread left the driver waiting)."""
     shadow = tmp_path / "cwd" / "hsd_cli"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('a source tree, not the installed hsd')\n")
-    command = [sys.executable, "-m", "hsd_cli.cli", "convert", str(docs_dir / "report.pdf"), "-o", str(tmp_path / "out"),
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "hsd_cli.cli", "convert", str(docs_dir / "report.pdf"), "-o", str(out),
                "--executor", "ray", "--ray-address", cluster, "--json", "-q"]
     # PYTHONSAFEPATH: the driver itself imports the installed hsd, only the workers see the shadow.
     proc = subprocess.run(command, capture_output=True, text=True, cwd=shadow.parent, timeout=600,
                           env={**os.environ, "PYTHONSAFEPATH": "1"})
-    assert proc.returncode == 1, proc.stderr
-    (document,) = json.loads(proc.stdout)["documents"]
-    assert document["status"] == "failed" and "a source tree, not the installed hsd" in document["error"]
+    assert proc.returncode == 4, proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "Ray workers could not start" in error and "a source tree, not the installed hsd" in error
+    assert "Traceback" not in proc.stderr and not list(out.glob("*.md"))
+
+
+@pytest.fixture(scope="module")
+def model_corpus(docs_dir, tmp_path_factory) -> Path:
+    """Four two-page born-digital documents with distinct bytes, for runs with the tiny model."""
+    root = tmp_path_factory.mktemp("ray-rows-corpus")
+    data = (docs_dir / "report.pdf").read_bytes()
+    for n in range(4):
+        (root / f"doc{n}.pdf").write_bytes(data + f"\n% copy {n}\n".encode())
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(model_corpus, tiny_model, tmp_path_factory) -> dict[str, bytes]:
+    """The outputs of a local run of one document at a time."""
+    out = tmp_path_factory.mktemp("ray-rows-local")
+    result = run_hsd("convert", model_corpus, "-o", out, "--json", "--max-rows", "1", *_model_args(tiny_model))
+    assert result.exit_code == 0, result.stderr
+    return _outputs(out)
+
+
+def test_each_actor_takes_as_many_documents_as_it_has_rows(cluster, tmp_path):
+    from hsd_cli.ray_executor import RayExecutor
+
+    (tmp_path / ".hsd").mkdir()  # a run's state directory, made by its output lock
+    executor = RayExecutor.connect(None, 0.0, tmp_path, rows=2, max_docs_per_worker=100)
+    try:
+        channels = [executor.start_worker() for _ in range(4)]
+        actors = [channel.shared for channel in channels]
+        assert executor.slots == 4, "two actors (one per CPU of the cluster) of two rows each"
+        assert actors[0] is not actors[1] and actors == [actors[0], actors[1], actors[0], actors[1]]
+    finally:
+        executor.close()
+
+
+def test_actors_with_several_rows_write_the_bytes_of_one_document_at_a_time(cluster, model_corpus, tiny_model,
+                                                                            one_at_a_time, tmp_path):
+    out = tmp_path / "out"
+    result = run_hsd("convert", model_corpus, "-o", out, "--json", "--executor", "ray", "--max-rows", "2",
+                     *_model_args(tiny_model))
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["max_rows"] == 2 and set(_statuses(result).values()) == {"ok"}
+    assert sorted(record["key"] for record in _manifest(out)) == [f"doc{n}" for n in range(4)]
+    assert len(one_at_a_time) == 8 and _outputs(out) == one_at_a_time
+
+
+def test_an_actor_killed_with_its_rows_in_flight_loses_and_repeats_nothing(cluster, model_corpus, tiny_model,
+                                                                          one_at_a_time, tmp_path):
+    out, events = tmp_path / "out", tmp_path / "events.ndjson"
+    proc = _driver(model_corpus, out, cluster, "--events", str(events), "--json", "--max-rows", "2",
+                   *map(str, _model_args(tiny_model)))
+
+    def rows_in_flight() -> bool:
+        started = events.read_text().count('"page_started"') if events.exists() else 0
+        return started >= 2 and bool(_actor_pids())
+
+    _wait_for(rows_in_flight, 240, proc)
+    for pid in _actor_pids():
+        os.kill(pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
+    assert json.loads(stdout)["counts"]["ok"] == 4
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    assert any(line["event"] == "worker_lost" for line in lines), "the kill hit documents at work"
+    assert not any(line["event"] == "page_lost" for line in lines), "one death costs no page"
+    assert sorted(record["key"] for record in _manifest(out)) == [f"doc{n}" for n in range(4)]
+    assert _outputs(out) == one_at_a_time
+    assert not list(out.rglob("*.tmp"))
