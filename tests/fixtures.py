@@ -159,6 +159,15 @@ def ruled_text_page_pdf(path: Path) -> Path:
     return path
 
 
+def distinct_copies(source: Path, root: Path, count: int) -> Path:
+    """`count` copies of `source` in `root` (doc0.pdf, doc1.pdf, ...), each with bytes of its own
+    (a comment appended), so that the manifest tells them apart."""
+    data = source.read_bytes()
+    for n in range(count):
+        (root / f"doc{n}.pdf").write_bytes(data + f"\n% copy {n}\n".encode())
+    return root
+
+
 def encrypted_pdf(source: Path, path: Path, password: str) -> Path:
     doc = pymupdf.open(source)
     doc.save(path, encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw=password, owner_pw=password + "-owner")

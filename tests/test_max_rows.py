@@ -12,18 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_hsd
-from tests.fixtures import half_node_profile
+from tests.fixtures import distinct_copies, half_node_profile
 from tests.test_batch import _manifest, _statuses
 
 
 @pytest.fixture(scope="module")
 def corpus(docs_dir, tmp_path_factory) -> Path:
     """Four two-page born-digital documents with distinct bytes."""
-    root = tmp_path_factory.mktemp("max-rows-corpus")
-    data = (docs_dir / "report.pdf").read_bytes()
-    for n in range(4):
-        (root / f"doc{n}.pdf").write_bytes(data + f"\n% copy {n}\n".encode())
-    return root
+    return distinct_copies(docs_dir / "report.pdf", tmp_path_factory.mktemp("max-rows-corpus"), 4)
 
 
 def _model_args(tiny_model: Path) -> list:

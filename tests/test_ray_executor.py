@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_hsd
+from tests.fixtures import distinct_copies
 from tests.test_batch import _manifest, _statuses
 from tests.test_max_rows import _model_args, _outputs
 
@@ -216,11 +217,7 @@ def test_workers_that_cannot_import_hsd_end_the_run_before_any_work(cluster, doc
 @pytest.fixture(scope="module")
 def model_corpus(docs_dir, tmp_path_factory) -> Path:
     """Four two-page born-digital documents with distinct bytes, for runs with the tiny model."""
-    root = tmp_path_factory.mktemp("ray-rows-corpus")
-    data = (docs_dir / "report.pdf").read_bytes()
-    for n in range(4):
-        (root / f"doc{n}.pdf").write_bytes(data + f"\n% copy {n}\n".encode())
-    return root
+    return distinct_copies(docs_dir / "report.pdf", tmp_path_factory.mktemp("ray-rows-corpus"), 4)
 
 
 @pytest.fixture(scope="module")
