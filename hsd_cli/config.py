@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -124,6 +125,24 @@ def select_pages(spec: str | None, page_count: int) -> list[int]:
         last = page_count if end is None else min(end, page_count)
         chosen.update(range(start - 1, last))
     return sorted(chosen)
+
+
+# A part of a split document has at least this many pages: its earlier pages are the prior of its
+# later ones (pipeline.DocumentSoFar: the dialect its drafts follow, the planner's tau), which a
+# part starts without.
+MIN_PART_PAGES = 8
+
+
+def document_parts(indices: Sequence[int], parts: int) -> list[list[int]]:
+    """The selected pages split into at most `parts` runs of consecutive pages of at least
+    MIN_PART_PAGES each (the last may be shorter), each converted as a document of its own."""
+    size = max(MIN_PART_PAGES, -(-len(indices) // parts))
+    return [list(indices[start:start + size]) for start in range(0, len(indices), size)]
+
+
+def most_parts(selected: int) -> int:
+    """Into how many parts a document of `selected` pages splits at most (one, if it has none)."""
+    return max(1, -(-selected // MIN_PART_PAGES))
 
 
 @dataclass(frozen=True)

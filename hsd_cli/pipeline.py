@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pymupdf
 
-from hsd_cli.config import ConvertConfig, ImageMode, Stages, select_pages
+from hsd_cli.config import ConvertConfig, ImageMode, Stages, document_parts, select_pages
 from hsd_cli.draft_processes import DraftProcesses, default_draft_processes, shared_draft_processes, threads_per_process
 from hsd_cli.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
@@ -365,19 +365,6 @@ def _drafts_ahead(task: DocumentTask, indices: Sequence[int], vlm: VlmModel | No
     in_flight = task.max_rows if vlm is not None else 1
     started = partial(use_threads, threads_per_process(processes))
     return DraftsAhead(shared_draft_processes(processes, started), task, indices, ahead=max(1, -(-processes // in_flight)))
-
-
-# A part of a split document has at least this many pages: its earlier pages are the prior of its
-# later ones (DocumentSoFar: the dialect its drafts follow, the planner's tau), which a part starts
-# without.
-MIN_PART_PAGES = 8
-
-
-def document_parts(indices: Sequence[int], parts: int) -> list[list[int]]:
-    """The selected pages split into at most `parts` runs of consecutive pages of at least
-    MIN_PART_PAGES each (the last may be shorter), each converted as a document of its own."""
-    size = max(MIN_PART_PAGES, -(-len(indices) // parts))
-    return [list(indices[start:start + size]) for start in range(0, len(indices), size)]
 
 
 def convert_document(task: DocumentTask, emit: EventSink) -> tuple[DocumentResult, dict[int, str]]:

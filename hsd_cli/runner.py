@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hsd_cli import __version__
-from hsd_cli.config import ConvertConfig, Executor, RunConfig, parse_shard
+from hsd_cli.config import MIN_PART_PAGES, ConvertConfig, Executor, RunConfig, parse_shard
 from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.local_executor import LocalExecutor
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
@@ -200,7 +200,7 @@ def _manifest_record(
 
 
 def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
-    """Documents (or parts of a long one: pipeline.document_parts) a worker (a local process, a Ray
+    """Documents (or parts of a long one: config.document_parts) a worker (a local process, a Ray
     actor) converts at once: --max-rows where a model reads the pages (their rows share its
     forwards), else one (without a model nothing overlaps: pipeline_lock)."""
     return run.max_rows if runs_model(config) else 1
@@ -215,31 +215,37 @@ def documents_per_process(config: ConvertConfig, run: RunConfig) -> int:
     return run.max_docs_per_worker * documents_in_flight(config, run)
 
 
-def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, documents: int) -> int:
+def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, documents: list[InputDocument]) -> int:
     """--max-rows where it is not given: as many rows as the model's device holds (stages.rows:
-    one on the CPU), and no more than the run's `documents` (this shard's, those done included,
-    so that a resumed run chooses alike), said on stderr. Per-page sizing prices every read at
-    these rows: a run of one document reads with whole trees, as `generate`'s rival, not as one
-    row of a full batch. One without a model, or on Ray (the driver does not see the actors'
-    devices: --max-rows N sets the rows of each actor). A budget that cannot be worked out is
-    warned of and gives one row."""
+    one on the CPU), and no more than the run's `documents` split into (stages.rows.run_parts:
+    this shard's, those done included, so that a resumed run chooses alike; a long document
+    splits into parts of at least MIN_PART_PAGES pages), said on stderr. Per-page sizing prices
+    every read at these rows: a run of one short document reads with whole trees, as `generate`'s
+    rival, not as one row of a full batch. One without a model, or on Ray (the driver does not see
+    the actors' devices: --max-rows N sets the rows of each actor). A budget that cannot be worked
+    out is warned of and gives one row."""
     from hsd_cli.tasks import vlm_options
 
     options = vlm_options(config)
-    if options is None or run.executor is not Executor.LOCAL or documents <= 1:
+    if options is None or run.executor is not Executor.LOCAL or not documents:
         return 1
-    # Imports torch: only when a VLM will run.
-    from hsd_cli.stages.rows import default_rows
+    # Imports torch (and PyMuPDF to count pages on a GPU): only when a VLM will run.
+    from hsd_cli.stages.rows import default_rows, run_parts
 
     try:
         choice = default_rows(options, config.dpi, config.max_pixels)
+        if choice.rows == 1:
+            rows = 1
+        else:
+            rows = run_parts([(doc.path, doc.kind) for doc in documents], config.pages, config.password, choice.rows)
     except Exception as exc:  # noqa: BLE001 - e.g. a processor that cannot be loaded alone: the run goes on
         reporter.warn(f"cannot budget the rows in flight ({type(exc).__name__}: {exc}); one row, --max-rows N for more")
         return 1
-    rows = min(choice.rows, documents)
     if not reporter.quiet:
-        per_document = ", one per document" if rows < choice.rows else ""
-        reporter.console.print(f"rows in flight: {rows}{per_document} ({choice.why})", highlight=False)
+        fewer = ""
+        if rows < choice.rows:
+            fewer = ", one per document" if rows == len(documents) else f", one per document part of {MIN_PART_PAGES}+ pages"
+        reporter.console.print(f"rows in flight: {rows}{fewer} ({choice.why})", highlight=False)
     return rows
 
 
@@ -268,7 +274,7 @@ def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayE
 
 @dataclass
 class SplitDocument:
-    """A document in conversion: into how many parts it split (pipeline.document_parts; 1: it did
+    """A document in conversion: into how many parts it split (config.document_parts; 1: it did
     not), and the outcomes of its parts so far."""
 
     index: int  # in input order
@@ -360,7 +366,7 @@ class BatchRun:
     def convert_one(
         self, index: int, doc: InputDocument, outputs: OutputPaths, manifest: Manifest, pool: WorkerPool, schedule: _Schedule
     ) -> DocumentOutcome | None:
-        """The document's outcome, or None where it split into parts (pipeline.document_parts):
+        """The document's outcome, or None where it split into parts (config.document_parts):
         the schedule then holds its other parts, and the pool that finishes the last one records it."""
         key = str(outputs.markdown.relative_to(self.config.output_dir).with_suffix(""))
         try:
@@ -555,7 +561,7 @@ def run_convert(
     if config.model is None and not reporter.quiet:
         reporter.warn("no VLM configured: converting with the draft pipeline only (name one with --model ID|DIR)")
     if run.max_rows is None:
-        run = replace(run, max_rows=default_max_rows(config, run, reporter, len(planned)))
+        run = replace(run, max_rows=default_max_rows(config, run, reporter, [doc for doc, _ in planned]))
     events.emit(
         "run_started", documents=len(missing) + len(planned), output_dir=str(config.output_dir), max_rows=run.max_rows
     )

@@ -41,7 +41,7 @@ class DocumentTask:
     max_rows: int = 1  # rows the worker's model keeps in flight (--max-rows)
     sizing: Sizing = Sizing.PAGE  # --sizing
     draft_workers: int | None = 0  # processes drafting pages ahead (runner.drafting_processes; 0: the worker drafts; None: by the device)
-    # Parts a document with many pages is split into (pipeline.document_parts), each converted as
+    # Parts a document with many pages is split into (config.document_parts), each converted as
     # a document of its own so that its pages are in flight together; `part`: which one this is.
     parts: int = 1
     part: int = 0

@@ -4,6 +4,7 @@ one on the CPU; the run says which, and its summary records them."""
 import json
 from dataclasses import replace
 
+import pymupdf
 from PIL import Image
 
 from hsd_cli.config import Executor, RunConfig
@@ -126,7 +127,53 @@ def test_on_a_gpu_a_run_keeps_no_more_rows_than_it_has_documents(tiny_model, doc
     assert "rows in flight: 2, one per document (cuda's 80 GiB hold " in both.stderr
     one = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "one", "--model", tiny_model, "--json", "--max-new-tokens", "8")
     assert one.exit_code == 0, one.stderr
-    assert json.loads(one.stdout)["max_rows"] == 1 and "rows in flight" not in one.stderr
+    assert json.loads(one.stdout)["max_rows"] == 1 and "rows in flight: 1, one per document (cuda's" in one.stderr
+
+
+def test_on_a_gpu_a_long_document_splits_into_as_many_rows_as_its_parts(tiny_model, docs_dir, tmp_path, monkeypatch):
+    """One long PDF alone in a run fills rows too: it splits into parts of at least MIN_PART_PAGES
+    pages, a row each (20 pages: 3 parts), and `--pages` counts only the pages selected."""
+    from hsd_cli import processes
+    from hsd_cli.decoding.target import devices, footprint
+
+    monkeypatch.setattr(devices, "default_device", lambda: "cuda")
+    monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
+    monkeypatch.setattr(processes, "available_memory", lambda: None)
+    long_pdf = tmp_path / "long.pdf"
+    with pymupdf.open(docs_dir / "report.pdf") as report, pymupdf.open() as long:
+        for _ in range(10):
+            long.insert_pdf(report)
+        long.save(long_pdf)
+    events = tmp_path / "events.ndjson"
+    split = run_hsd("convert", long_pdf, "-o", tmp_path / "split", "--model", tiny_model, "--json",
+                    "--max-new-tokens", "8", "--stages", "page", "--events", events)
+    assert split.exit_code == 0, split.stderr
+    assert json.loads(split.stdout)["max_rows"] == 3
+    assert "rows in flight: 3, one per document part of 8+ pages (cuda's 80 GiB hold " in split.stderr
+    order = [(event["event"], event.get("page")) for event in map(json.loads, events.read_text().splitlines())]
+    # One at a time, a page starts after the one before it is done; split, pages 9 and 17 open parts.
+    assert order.index(("page_started", 9)) < order.index(("page_done", 8))
+    assert order.index(("page_started", 17)) < order.index(("page_done", 16))
+    eight = run_hsd("convert", long_pdf, "-o", tmp_path / "eight", "--model", tiny_model, "--json",
+                    "--max-new-tokens", "8", "--stages", "page", "--pages", "1-8")
+    assert eight.exit_code == 0, eight.stderr
+    assert json.loads(eight.stdout)["max_rows"] == 1
+
+
+def test_the_parts_a_run_splits_into_count_pages_selected_and_stop_when_enough(docs_dir, tmp_path):
+    from hsd_cli.stages.rows import run_parts
+
+    report = (docs_dir / "report.pdf", "pdf")  # 2 pages
+    broken = tmp_path / "broken.pdf"
+    broken.write_text("not a pdf")
+    with pymupdf.open(docs_dir / "report.pdf") as two, pymupdf.open() as long:
+        for _ in range(9):
+            long.insert_pdf(two)
+        long.save(tmp_path / "long.pdf")  # 18 pages: 3 parts
+    long = (tmp_path / "long.pdf", "pdf")
+    assert run_parts([report, (broken, "pdf"), long], None, None, 256) == 5, "a broken file counts one"
+    assert run_parts([long], "1-16", None, 256) == 2 and run_parts([long], "3", None, 256) == 1
+    assert run_parts([long, long, long], None, None, 4) == 4, "counted up to the rows the device holds"
 
 
 def test_a_worker_process_serves_max_docs_per_worker_per_row_in_flight(tmp_path):

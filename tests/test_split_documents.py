@@ -16,7 +16,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from hsd_cli.pipeline import MIN_PART_PAGES, document_parts
+from hsd_cli.config import MIN_PART_PAGES, document_parts
 from tests.conftest import run_hsd
 from tests.test_batch import _manifest
 

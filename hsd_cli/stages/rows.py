@@ -1,6 +1,7 @@
 """Rows the model keeps in flight where `--max-rows` is not given: by default, as many as the KV
-cache's share of the device's memory holds (and no more than the run's documents: the runner's
-default_max_rows).
+cache's share of the device's memory holds, and no more than the run's documents split into
+(`run_parts`: a long document splits into parts of at least config.MIN_PART_PAGES pages, each a
+row; the runner's default_max_rows).
 
 On a GPU (or MPS) a row is budgeted at its longest: the prompt of an A4 page at the run's render
 size plus the family's `max_new_tokens`, so that no mix of pages outgrows the cache. The budget
@@ -17,10 +18,13 @@ forwards, while --page-timeout counts wall time. `--max-rows N` takes more.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from PIL import Image
 
+from hsd_cli.config import most_parts, select_pages
 from hsd_cli.stages.vlm import VlmOptions
 
 GIB = 1 << 30
@@ -87,3 +91,29 @@ def default_rows(options: VlmOptions, dpi: int, max_pixels: int) -> RowsChoice:
         return RowsChoice(bounded(on_device), why)
     on_host = host_rows(host_bytes)
     return RowsChoice(bounded(on_device, on_host), f"{why}; half the host's {host_bytes / GIB:.0f} GiB available, {on_host} documents")
+
+
+def page_count(path: Path, kind: str | None, password: str | None) -> int:
+    """The document's pages as far as opening it tells (0 where it cannot be opened: it fails as a
+    whole in its worker), without rendering any."""
+    import pymupdf
+
+    try:
+        with pymupdf.open(path, filetype=kind) as document:
+            if document.needs_pass and not document.authenticate(password or ""):
+                return 0
+            return document.page_count
+    except Exception:  # noqa: BLE001 - a broken file is its worker's to report
+        return 0
+
+
+def run_parts(documents: Sequence[tuple[Path, str | None]], pages: str | None, password: str | None, enough: int) -> int:
+    """Into how many parts the run's (path, kind) documents split at most (config.document_parts,
+    over the `--pages` selected), counted up to `enough`: rows beyond it would only be priced, never
+    filled. A document that cannot be opened counts as one."""
+    parts = 0
+    for path, kind in documents:
+        if parts >= enough:
+            break
+        parts += most_parts(len(select_pages(pages, page_count(path, kind, password))))
+    return min(parts, enough)
