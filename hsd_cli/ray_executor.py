@@ -107,7 +107,7 @@ class SharedActor(SharedWorker):
         except RayActorError as exc:
             # An actor whose start raised (it could not import hsd, ...): the error is the reason.
             self.death = f"worker error ({error_line(exc)})" if exc.actor_init_failed else f"crash ({type(exc).__name__})"
-        except RayError as exc:
+        except Exception as exc:  # noqa: BLE001 - any other end of the stream: the actor is of no use
             self.death = f"worker error ({error_line(getattr(exc, 'cause', None) or exc)})"
         return None
 
