@@ -2,6 +2,7 @@
 replay models by name (presets): on pages the tests make themselves, never the shared corpus."""
 
 import json
+from dataclasses import replace
 
 import pymupdf
 import pytest
@@ -178,4 +179,4 @@ def test_the_olmocr_preset_trains_with_its_own_step_budget(monkeypatch, tmp_path
     trained = json.loads((default_model_dir("olmocr-replay-qwen2") / "replay.json").read_text())["train_config"]
     assert trained["max_steps"] == PRESETS["olmocr-replay-qwen2"].steps == 9000 != FAST_RECIPE.steps
     assert trained["learning_rate"] == FAST_RECIPE.learning_rate
-    assert preset_recipe(PRESETS["omnidocbench-replay-qwen2"]) == FAST_RECIPE, "met its bar with the recipe's"
+    assert preset_recipe(PRESETS["omnidocbench-replay-qwen2"]) == replace(FAST_RECIPE, steps=9000)
