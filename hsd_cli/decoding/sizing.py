@@ -73,13 +73,15 @@ class LoadSizer:
     `batch_rows`: the rows each forward is priced at, as if all were like the rows sized (None:
     the rows sized). A batch that other callers' rows share prices a fixed load, so that what a
     row verifies, and its statistics, do not depend on which rows it happened to share forwards
-    with."""
+    with. `prices`: a cache of `step_cost` by (rows, width, context) that sizers of the same
+    step cost share (each read's sizer would otherwise price the same steps again)."""
 
-    def __init__(self, step_cost: StepCost, prompt_tokens: int = 0, batch_rows: int | None = None):
+    def __init__(self, step_cost: StepCost, prompt_tokens: int = 0, batch_rows: int | None = None,
+                 prices: dict[tuple[int, int, int], float] | None = None):
         self.step_cost = step_cost
         self.prompt_tokens = prompt_tokens
         self.batch_rows = batch_rows
-        self._prices: dict[tuple[int, int, int], float] = {}
+        self._prices = {} if prices is None else prices
         self._counts: dict[tuple[str, int], _DepthCounts] = {}
         self._pooled: dict[str, _DepthCounts] = {}
 
@@ -180,10 +182,11 @@ class ReadSizers:
         self.rows = rows
         self.shared = shared and rows > 1
         self._one: LoadSizer | None = None
+        self._prices: dict[tuple[int, int, int], float] = {}
 
     def sizer(self, prompt_tokens: int) -> LoadSizer:
         if not self.shared:
-            return LoadSizer(self.step_cost, prompt_tokens, batch_rows=self.rows if self.rows > 1 else None)
+            return LoadSizer(self.step_cost, prompt_tokens, self.rows if self.rows > 1 else None, self._prices)
         if self._one is None:
             self._one = LoadSizer(self.step_cost, prompt_tokens)
         return self._one

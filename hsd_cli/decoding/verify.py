@@ -84,10 +84,19 @@ def keyed_sample(logits: torch.Tensor, sampling: SamplingConfig, row: int, posit
     return int(sample_tokens(probs, keyed_gumbel(sampling.seed, row, position, probs.shape[-1])))
 
 
+def greedy_picks(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dimension, on the host. A CPU's through numpy: torch's CPU argmax
+    is several times slower over a 152 k vocabulary (3.2 against 0.5 ms for 21 nodes, measured),
+    and both pick the first of tied maxima, as `generate`'s torch.argmax does."""
+    if logits.device.type == "cpu":
+        return torch.from_numpy(logits.numpy().argmax(-1))
+    return logits.argmax(-1).cpu()
+
+
 def first_tokens(logits: torch.Tensor, rows: Sequence[int], sampling: SamplingConfig) -> list[int]:
     """The first output token of every row from the prefill's (B, V) logits."""
     if sampling.greedy:
-        return logits.argmax(-1).tolist()
+        return greedy_picks(logits).tolist()
     return [keyed_sample(logits[b], sampling, row, 0) for b, row in enumerate(rows)]
 
 
@@ -100,7 +109,7 @@ def verify_trees(
     position emitted[b] + d; `rows` are the rows' keys for sampling.
     """
     if sampling.greedy:
-        return accept_paths(trees, logits.argmax(-1).cpu())
+        return accept_paths(trees, greedy_picks(logits))
     return [
         sample_and_match(trees.tokens[b].tolist(), trees.parents[b].tolist(), logits[b], sampling, row, emitted[b])
         for b, row in enumerate(rows)

@@ -139,6 +139,11 @@ def test_a_price_is_asked_once_per_shape():
         sizer.width(["k"], [CHAIN], [emitted])
     assert len(asked) == len(set(asked)) == len(CHAIN)
     assert {context for _, _, context in asked} == {128}, "contexts priced to 64 tokens: 100 + 10 -> 128"
+    asked.clear()
+    reads = ReadSizers(counting, rows=4)
+    for read in range(3):  # each read's own sizer, prices shared between them
+        reads.sizer(prompt_tokens=100).width(["k"], [CHAIN], [10 + read])
+    assert len(asked) == len(set(asked)) == len(CHAIN)
 
 
 def scripts(count, length, seed):

@@ -6,6 +6,7 @@ from hsd_cli.decoding.verify import (
     accept_path_near_lossless,
     accept_paths,
     first_tokens,
+    greedy_picks,
     keyed_gumbel,
     keyed_sample,
     processed_probs,
@@ -106,6 +107,18 @@ def test_sampling_walk_draws_each_node_at_its_row_and_output_position():
     prefill = logits[:, 0]
     assert first_tokens(prefill, [3, 6], sampling) == [11, 12]
     assert first_tokens(prefill, [0, 1], SamplingConfig()) == prefill.argmax(-1).tolist()
+
+
+def test_greedy_picks_are_torch_argmax_ties_included():
+    # generate picks with torch.argmax: the first of tied maxima; so must the host's argmax.
+    logits = torch.randn(3, 4, 1000, generator=torch.Generator().manual_seed(1))
+    logits[0, 1, [7, 400, 999]] = 60.0
+    logits[2, :, :] = 0.0
+    with torch.inference_mode():
+        inference_logits = logits.clone()
+    for tensor in (logits, logits[:, 1:3], inference_logits, logits.transpose(0, 1)):
+        assert torch.equal(greedy_picks(tensor), tensor.argmax(-1))
+    assert greedy_picks(logits)[0, 1] == 7 and greedy_picks(logits)[2].tolist() == [0, 0, 0, 0]
 
 
 def near_lossless_logits(second_share: float) -> torch.Tensor:
