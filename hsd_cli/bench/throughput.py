@@ -10,7 +10,9 @@ page prompt):
 - `hsd-cb`: continuous batching verifying the drafts, each step's trees cut to the width the cost
   profile prices best (decoding/sizing.py), at each `--rows`.
 Without a profile the hsd arms verify whole trees (`sized` false). Pages of one kind are decoded
-together; the whole corpus (`all`) is the kinds one after the other.
+together; the whole corpus (`all`) is the kinds one after the other. Per row count, an arm's
+`node_fill` is the share of its forwards' node slots that held a tree node: rows verify trees of
+different widths and a forward is as wide as its widest, the rest padding.
 
 With `--profile`, `projected` runs the same pages through the decoding loop again with an oracle of
 the `generate` arm's tokens in place of the model (bench/oracle.py: the same acceptance, step by
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from hsd_cli.bench.corpus_projection import ProjectedRun
-    from hsd_cli.decoding import DecodeRequest
+    from hsd_cli.decoding import DecodeRequest, DecodeResult
     from hsd_cli.decoding.sizing import LoadSizer
     from hsd_cli.stages.vlm import VlmModel
 
@@ -69,6 +71,16 @@ class ArmRun:
     seconds: float = 0.0
     tokens: dict[str, list[int]] = field(default_factory=dict)  # by page id
     latencies: list[float] = field(default_factory=list)  # admitted to finished, per page
+    # Over every page's tree steps: the nodes verified (roots included), and the node slots of
+    # those steps' forwards (a row is padded to the widest tree of its forward). None for `generate`.
+    nodes: int = 0
+    slots: int = 0
+
+    def add(self, page_id: str, result: DecodeResult, latency: float) -> None:
+        self.tokens[page_id] = result.tokens
+        self.latencies.append(latency)
+        self.nodes += result.stats.proposed + len(result.stats.steps)
+        self.slots += sum(width for _, width, _ in result.stats.steps)
 
     def summary(self, reference: ArmRun | None) -> dict[str, Any]:
         pages = len(self.tokens)
@@ -79,10 +91,12 @@ class ArmRun:
             "tokens_per_s": round(new_tokens / self.seconds, 2) if self.seconds else 0.0,
             "mean_latency_s": round(sum(self.latencies) / pages, 3) if pages else 0.0,
             "identical_share": round(identical / pages, 4) if pages else 0.0,
+            "node_fill": round(self.nodes / self.slots, 4) if self.slots else None,
         }
 
     def __add__(self, other: ArmRun) -> ArmRun:
-        return ArmRun(self.seconds + other.seconds, self.tokens | other.tokens, self.latencies + other.latencies)
+        return ArmRun(self.seconds + other.seconds, self.tokens | other.tokens, self.latencies + other.latencies,
+                      self.nodes + other.nodes, self.slots + other.slots)
 
 
 def corpus_pages(documents: Sequence[InputDocument], model: VlmModel, progress: Any) -> list[CorpusPage]:
@@ -141,8 +155,7 @@ def streamed(target: Any, pages: Sequence[CorpusPage], requests: Sequence[Decode
     run = ArmRun()
     started = perf_counter()
     for index, result in decode_stream(target, feed(), config, max_rows=rows, separate_prefill=True, sizers=sizers):
-        run.tokens[pages[index].id] = result.tokens
-        run.latencies.append(perf_counter() - admitted[index])
+        run.add(pages[index].id, result, perf_counter() - admitted[index])
     run.seconds = perf_counter() - started
     return run
 
@@ -185,7 +198,7 @@ def summarised(runs: dict[str, dict[int, ArmRun]], reference: ArmRun) -> dict[st
         arms[arm] = {"best_rows": best, **summaries[best],
                      "identical_share": min(s["identical_share"] for s in summaries.values())}
         for r, summary in summaries.items():
-            by_rows.setdefault(str(r), {})[arm] = {"pages_per_s": summary["pages_per_s"], "tokens_per_s": summary["tokens_per_s"]}
+            by_rows.setdefault(str(r), {})[arm] = {key: summary[key] for key in ("pages_per_s", "tokens_per_s", "node_fill")}
     return {"arms": arms, "by_rows": dict(sorted(by_rows.items(), key=lambda item: int(item[0])))}
 
 

@@ -11,11 +11,15 @@ from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
 from hsd_cli.bench.corpus_projection import FILL, ProjectedRun, projected_arms, projected_json, projected_seconds, read_sizers
+from hsd_cli.bench.throughput import ArmRun, streamed
 from hsd_cli.config import Sizing
-from hsd_cli.decoding.loop import DecodeConfig
+from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, DecodeResult
+from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
+from hsd_cli.decoding.stats import DecodeStats
 from hsd_cli.profiles import ForwardCost, PrefillCost, Profile
 
 from .test_bench_acceptance import STOP, NumberTokenizer
+from .test_continuous_batching import NamedScriptTarget
 
 FORWARD_S, PREFILL_S = 0.01, 0.05
 
@@ -141,11 +145,37 @@ def test_bench_throughput_reports_every_arm_identical_to_generate_per_kind(tiny_
             assert figures["identical_share"] == 1.0, (kind, arm)
             assert figures["pages_per_s"] > 0 and figures["projected"]["pages_per_s"] > 0
         assert set(entry["by_rows"]) == {"1", "2"} and set(entry["by_rows"]["2"]) == {"plain-cb", "hsd-cb"}
+        assert entry["by_rows"]["2"]["plain-cb"]["node_fill"] == 1.0 and 0 < entry["by_rows"]["2"]["hsd-cb"]["node_fill"] <= 1
+        assert entry["by_rows"]["1"]["generate"]["node_fill"] is None
         assert set(entry["projected_by_rows"]) == {"1", "4"}
     pages = sum(pymupdf.open(path).page_count for path in inputs.iterdir())
     assert report["sized"] and report["plain_graph_saving_s"] == 0.003 and report["pages"] == pages
     assert report["sizing"] == "page"
     assert report["draft_cpu_s_per_page"] > 0 and report["draft_cores_per_device"]["projected"] > 0
+
+
+def test_node_fill_is_the_share_of_a_forwards_node_slots_that_hold_a_tree_node():
+    # Script 0 has a whole draft (a chain a step), script 1 none (its root alone): in one forward
+    # the second row is padded to the first's width.
+    scripts = [list(range(10, 40)) + [99], list(range(50, 80)) + [99]]
+    pages = [Page(str(index), 1000, ()) for index in range(2)]
+    config = DecodeConfig(max_new_tokens=64, repetition_guard=False)
+
+    def run(rows, drafted):
+        requests = [DecodeRequest(None, str(index), DraftProposer([scripts[index][1:]]) if drafted[index] else NoDraftProposer())
+                    for index in range(2)]
+        return streamed(NamedScriptTarget(scripts), pages, requests, rows, config, None)
+
+    assert run(2, (False, False)).summary(None)["node_fill"] == 1.0, "plain rows: one node each, no padding"
+    assert run(1, (True, False)).summary(None)["node_fill"] == 1.0, "a row alone is never padded"
+    alone, together = run(1, (True, False)), run(2, (True, False))
+    assert together.nodes == alone.nodes and together.summary(None)["node_fill"] < 1.0, "the same trees, the plain row padded"
+    # By hand: a row of two 4-node steps beside a row of roots, which then takes a step alone.
+    by_hand = ArmRun()
+    steps = DecodeStats(proposed=6, steps=[(2, 4, 0), (2, 4, 4)])
+    by_hand.add("drafted", DecodeResult([], steps, "eos"), 0.0)
+    by_hand.add("plain", DecodeResult([], DecodeStats(steps=[(2, 4, 0), (2, 4, 1), (1, 1, 2)]), "eos"), 0.0)
+    assert (by_hand.nodes, by_hand.slots) == (8 + 3, 8 + 9) and by_hand.summary(None)["node_fill"] == round(11 / 17, 4)
 
 
 @pytest.mark.parametrize("rows", ["0", "1,x", ""])

@@ -121,6 +121,10 @@ class NamedScriptTarget(ScriptedTarget):
         state = SimpleNamespace(rows=list(range(len(scripts))), scripts=list(scripts), cached=[0] * len(scripts))
         return state, torch.stack([self.one_hot(script, 0) for script in scripts])
 
+    def prefill_each(self, inputs):
+        parts = [self.prefill(one) for one in inputs]
+        return self.join([state for state, _ in parts]), torch.cat([logits for _, logits in parts])
+
     def forward_tree(self, state, tokens, depths, ancestors):
         return super().forward_tree(SimpleNamespace(rows=state.scripts, cached=state.cached), tokens, depths, ancestors)
 
