@@ -86,14 +86,15 @@ class PricedOracle(OracleTarget):
         state, logits = super().prefill(inputs)
         return _priced(state, [self.prompt_tokens[prompt] for prompt in inputs["prompts"]]), logits
 
-    def forward_tree(self, state: PricedState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    def forward_tree(self, state: PricedState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
         rows, width = tokens.shape
         context = round(sum(p + e for p, e in zip(state.prompt_tokens, state.emitted)) / rows)
         if self.forward_saving_s:
             self.seconds += max(self.profile.forward_s(rows, width, context) - self.forward_saving_s, 0.0)
         else:
             self.seconds += self.profile.step_s(rows, width, context)
-        return super().forward_tree(state, tokens, depths, ancestors)
+        return super().forward_tree(state, tokens, depths, ancestors, valid)
 
     def keep_rows(self, state: PricedState, keep: Sequence[int]) -> None:
         super().keep_rows(state, keep)

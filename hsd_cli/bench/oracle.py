@@ -62,7 +62,7 @@ class OracleTarget:
     def inputs(self, images: Sequence[Any], prompts: Sequence[str]) -> dict:
         return {"answers": [self.answers[prompt] for prompt in prompts]}
 
-    def _one_hot(self, tokens: list[list[int]]) -> torch.Tensor:
+    def _one_hot(self, tokens: list[int]) -> torch.Tensor:
         picks = torch.tensor(tokens).unsqueeze(-1)
         return torch.zeros(*picks.shape[:-1], len(self._tokenizer_id)).scatter_(-1, picks, 1.0)
 
@@ -76,11 +76,13 @@ class OracleTarget:
         return state, self._one_hot([answer[0] for answer in answers])
 
     def forward_tree(
-        self, state: OracleState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor
+        self, state: OracleState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        sizes = valid.sum(1).tolist() if valid is not None else [depths.shape[1]] * depths.shape[0]
         return self._one_hot([
-            [self._answer(state, row, state.emitted[row] + depth) for depth in row_depths]
-            for row, row_depths in enumerate(depths.tolist())
+            self._answer(state, row, state.emitted[row] + depth)
+            for row, (row_depths, size) in enumerate(zip(depths.tolist(), sizes)) for depth in row_depths[:size]
         ])
 
     def commit(self, state: OracleState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None:

@@ -21,7 +21,7 @@ from .sizing import LoadSizer
 from .stats import DecodeStats
 from .timing import wait_for
 from .tree import TokenTree, TreeBatch, batch_trees
-from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, first_tokens, verify_trees
+from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, first_tokens, row_logits, verify_trees
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,9 @@ class Target(Protocol):
 
     def prefill_each(self, inputs: Sequence[dict]) -> tuple[TargetState, torch.Tensor]: ...
 
-    def forward_tree(self, state: TargetState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor: ...
+    def forward_tree(
+        self, state: TargetState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, valid: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...  # (N, V): the logits of the `valid` nodes (every node if None), row by row
 
     def commit(self, state: TargetState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None: ...
 
@@ -172,12 +174,12 @@ def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sam
             accept_path_near_lossless(
                 trees.tokens[row].tolist(),
                 trees.parents[row].tolist(),
-                logits[row],
+                node_logits,
                 sequence.tokens,
                 sampling.near_lossless_tau,
                 sequence.request.inside_math,
             )
-            for row, sequence in enumerate(active)
+            for row, (sequence, node_logits) in enumerate(zip(active, row_logits(trees, logits)))
         ]
     return verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], sampling)
 
@@ -187,7 +189,7 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
     proposed, row_trees = _propose(active)
     trees = batch_trees(row_trees)
     proposed_at = perf_counter()
-    logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors))
+    logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, trees.valid))
     forwarded_at = perf_counter()
     outcomes = _verify(active, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])

@@ -100,19 +100,29 @@ def first_tokens(logits: torch.Tensor, rows: Sequence[int], sampling: SamplingCo
     return [keyed_sample(logits[b], sampling, row, 0) for b, row in enumerate(rows)]
 
 
+def row_logits(trees: TreeBatch, logits: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's (nodes, V) logits from the (N, V) logits of the batch's valid nodes, row by row
+    (a row's valid nodes are its first ones, so its logits are one slice)."""
+    sizes = trees.valid.sum(1).tolist()
+    return list(logits.split(sizes))
+
+
 def verify_trees(
     trees: TreeBatch, logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[int], sampling: SamplingConfig
 ) -> list[StepOutcome]:
-    """Accepted path and bonus of every row from the (B, K, V) logits of its tree.
+    """Accepted path and bonus of every row from the (N, V) logits of the batch's valid nodes, row
+    by row (padding nodes have none: the target computes no logits there).
 
     The root of batch row b is its output token emitted[b] - 1, so a node at depth d picks output
     position emitted[b] + d; `rows` are the rows' keys for sampling.
     """
     if sampling.greedy:
-        return accept_paths(trees, greedy_picks(logits))
+        picks = np.zeros(tuple(trees.valid.shape), dtype=np.int64)
+        picks[trees.valid.numpy()] = greedy_picks(logits).numpy()
+        return accept_paths(trees, torch.from_numpy(picks))
     return [
-        sample_and_match(trees.tokens[b].tolist(), trees.parents[b].tolist(), logits[b], sampling, row, emitted[b])
-        for b, row in enumerate(rows)
+        sample_and_match(trees.tokens[b].tolist(), trees.parents[b].tolist(), node_logits, sampling, row, emitted[b])
+        for b, (row, node_logits) in enumerate(zip(rows, row_logits(trees, logits)))
     ]
 
 

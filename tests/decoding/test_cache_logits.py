@@ -81,7 +81,7 @@ def largest_logit_error(target, images) -> float:
     for step, kept in enumerate(KEPT):
         trees = [step_tree(step, row) for row in range(2)]
         batch = batch_trees(trees)
-        logits = target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors)
+        logits = target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors).reshape(2, batch.width, -1)
         for row, tree in enumerate(trees):
             for node in range(len(tree)):
                 expected = full_forward_logits(target, images[row], committed[row] + path_tokens(tree, node), PROMPTS[row])
@@ -102,6 +102,35 @@ def test_logits_after_gathering_commits_and_compaction_in_a_padded_batch(tiny_ta
     wrong = counted_cache_edits(monkeypatch, off_by_one=True)
     assert largest_logit_error(target, images) > 100 * SAME_LOGITS, "a commit that keeps the wrong slots must be caught"
     assert wrong["gathers"] == 2
+
+
+def test_padding_nodes_get_no_logits_and_the_valid_nodes_their_own(tiny_target, make_image, monkeypatch):
+    """Rows of different widths: the output layer runs on the trees' nodes only, and each node's
+    logits are the model's own forward's."""
+    images = [make_image(1, 56, 56), make_image(2, 112, 84)]
+    state, _ = tiny_target.prefill(tiny_target.inputs(images, PROMPTS))
+    trees = [step_tree(0, 0).first(3), step_tree(0, 1)]
+    batch = batch_trees(trees)
+    head = tiny_target.model.get_output_embeddings()
+    seen = []
+    counting = head.register_forward_hook(lambda module, args, output: seen.append(args[0].shape[:-1].numel()))
+    try:
+        logits = tiny_target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors, batch.valid)
+    finally:
+        counting.remove()
+    assert logits.shape[0] == 3 + len(PARENTS) and seen == [3 + len(PARENTS)]
+    assert not head._forward_pre_hooks, "the output layer is left as it was"
+    rows = logits.split([len(tree) for tree in trees])
+    error = max(
+        (rows[row][node] - full_forward_logits(tiny_target, images[row], path_tokens(tree, node), PROMPTS[row])).abs().max().item()
+        for row, tree in enumerate(trees) for node in range(len(tree))
+    )
+    assert error < SAME_LOGITS
+    # A model without an output embeddings module: the whole batch's logits, the valid nodes' kept.
+    monkeypatch.setattr(tiny_target.model, "get_output_embeddings", lambda: None)
+    state, _ = tiny_target.prefill(tiny_target.inputs(images, PROMPTS))
+    unhooked = tiny_target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors, batch.valid)
+    assert unhooked.shape == logits.shape and (unhooked - logits).abs().max().item() < SAME_LOGITS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -100,7 +100,7 @@ def test_logits_of_a_row_joined_to_a_batch_that_has_decoded(tiny_target, make_im
     assert state.rows == [0, 1] and state.past_len[0] > 0
     trees = [step_tree(1, row) for row in range(2)]
     batch = batch_trees(trees)
-    logits = tiny_target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors)
+    logits = tiny_target.forward_tree(state, batch.tokens, batch.depths, batch.ancestors).reshape(2, batch.width, -1)
     error = max(
         (logits[row, node] - full_forward_logits(tiny_target, images[row], committed[row] + path_tokens(tree, node), PROMPTS[row]))
         .abs().max().item()
@@ -125,8 +125,8 @@ class NamedScriptTarget(ScriptedTarget):
         parts = [self.prefill(one) for one in inputs]
         return self.join([state for state, _ in parts]), torch.cat([logits for _, logits in parts])
 
-    def forward_tree(self, state, tokens, depths, ancestors):
-        return super().forward_tree(SimpleNamespace(rows=state.scripts, cached=state.cached), tokens, depths, ancestors)
+    def forward_tree(self, state, tokens, depths, ancestors, valid=None):
+        return super().forward_tree(SimpleNamespace(rows=state.scripts, cached=state.cached), tokens, depths, ancestors, valid)
 
     def keep_rows(self, state, keep):
         super().keep_rows(state, keep)

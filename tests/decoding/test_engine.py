@@ -87,9 +87,9 @@ class FailingPrefillTarget(NamedScriptTarget):
             raise RuntimeError("this page's prefill failed")
         return self.prefill({"scripts": [script for one in inputs for script in one["scripts"]]})
 
-    def forward_tree(self, state, tokens, depths, ancestors):
+    def forward_tree(self, state, tokens, depths, ancestors, valid=None):
         time.sleep(0.002)  # steps long enough for the other calls to arrive while rows decode
-        return super().forward_tree(state, tokens, depths, ancestors)
+        return super().forward_tree(state, tokens, depths, ancestors, valid)
 
 
 def test_a_call_whose_prefill_raises_fails_alone():

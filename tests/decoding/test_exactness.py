@@ -209,7 +209,7 @@ BRANCHING = TokenTree((0, 101, 102, 103, 104, 105, 106), (-1, 0, 0, 1, 1, 2, 5))
 def tree_logits(target, image, tree):
     state, _ = target.prefill(target.inputs([image], [PROMPT]))
     trees = batch_trees([tree])
-    return target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)[0]
+    return target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors)
 
 
 def full_forward_logits(target, image, tokens, prompt=PROMPT):

@@ -46,11 +46,12 @@ class ScriptedTarget:
         rows = list(range(inputs["rows"]))
         return SimpleNamespace(rows=rows, cached=[0] * len(rows)), torch.stack([self.one_hot(r, 0) for r in rows])
 
-    def forward_tree(self, state, tokens, depths, ancestors):
-        return torch.stack([
+    def forward_tree(self, state, tokens, depths, ancestors, valid=None):
+        logits = torch.stack([
             torch.stack([self.one_hot(row, state.cached[i] + d + 1) for d in depths[i].tolist()])
             for i, row in enumerate(state.rows)
         ])
+        return logits.flatten(0, 1) if valid is None else logits[valid]
 
     def commit(self, state, width, kept_nodes):
         state.cached = [cached + len(nodes) for cached, nodes in zip(state.cached, kept_nodes)]
@@ -187,8 +188,8 @@ class CyclingTarget:
         state = type("State", (), {"rows": list(range(inputs["rows"]))})()
         return state, self.one_hot_next(torch.zeros(inputs["rows"], dtype=torch.long))
 
-    def forward_tree(self, state, tokens, depths, ancestors):
-        return self.one_hot_next(tokens)
+    def forward_tree(self, state, tokens, depths, ancestors, valid=None):
+        return self.one_hot_next(tokens.flatten() if valid is None else tokens[valid])
 
     def commit(self, state, width, kept_nodes):
         pass

@@ -97,7 +97,7 @@ def test_sampling_walk_draws_each_node_at_its_row_and_output_position():
     logits[0, 0, 11] = logits[1, 0, 12] = 50.0
     trees = batch_trees([TREE, TREE])
     rows, emitted = [3, 6], [7, 9]
-    for b, outcome in enumerate(verify_trees(trees, logits, rows, emitted, sampling)):
+    for b, outcome in enumerate(verify_trees(trees, logits.flatten(0, 1), rows, emitted, sampling)):
         assert outcome.path[:2] == [0, 1 + b]
         for depth, node in enumerate(outcome.path):
             drawn = keyed_sample(logits[b, node], sampling, rows[b], emitted[b] + depth)
@@ -119,6 +119,23 @@ def test_greedy_picks_are_torch_argmax_ties_included():
     for tensor in (logits, logits[:, 1:3], inference_logits, logits.transpose(0, 1)):
         assert torch.equal(greedy_picks(tensor), tensor.argmax(-1))
     assert greedy_picks(logits)[0, 1] == 7 and greedy_picks(logits)[2].tolist() == [0, 0, 0, 0]
+
+
+def test_each_row_reads_its_own_nodes_logits_where_rows_are_padded():
+    # The target gives logits for the valid nodes only, row by row: (N, V). A short tree beside
+    # a long one must read its own nodes', greedy and sampling alike, as it would alone.
+    short = TokenTree((20, 21, 22), (-1, 0, 1))
+    trees = batch_trees([short, TREE])
+    logits = torch.randn(len(short) + len(TREE), 50, generator=torch.Generator().manual_seed(2))
+    logits[0, 21] = logits[1, 22] = 40.0  # the short row accepts both its draft tokens
+    logits[3, 11] = logits[4, 13] = 40.0  # the long row accepts 11 then 13
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0, seed=1)):
+        together = verify_trees(trees, logits, [0, 1], [5, 5], sampling)
+        alone = [
+            verify_trees(batch_trees([tree]), part, [row], [5], sampling)[0]
+            for row, (tree, part) in enumerate(zip((short, TREE), logits.split([len(short), len(TREE)])))
+        ]
+        assert together == alone and [o.path for o in together] == [[0, 1, 2], [0, 1, 3]]
 
 
 def near_lossless_logits(second_share: float) -> torch.Tensor:

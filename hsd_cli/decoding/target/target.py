@@ -7,7 +7,8 @@ families/'s, plain `generate` generate.py's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
 from PIL import Image
@@ -114,11 +115,13 @@ class HFTarget:
         tokens: torch.Tensor,
         depths: torch.Tensor,
         ancestors: torch.Tensor,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One forward over a padded batch of trees.
 
         tokens, depths: (B, K) long; ancestors: (B, K, K) bool, node i sees node j iff
-        ancestors[b, i, j]. Returns fp32 logits (B, K, V).
+        ancestors[b, i, j]; valid: (B, K) bool, False for padding nodes (None: every node is a
+        tree's). Returns the fp32 logits of the valid nodes, row by row: (N, V).
         """
         width = tokens.shape[1]
         positions = self._tree_positions(state, depths)
@@ -127,14 +130,41 @@ class HFTarget:
         # `generate` then gives attention none: bf16 attention with a mask of zeros can round
         # differently from attention without one.
         plain = width == 1 and bool(state.slot_valid.all()) and bool(visibility.all())
-        out = self.model(
-            input_ids=tokens.to(self.device),
-            position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
-            attention_mask=None if plain else self._additive_mask(state.slot_valid, visibility),
-            past_key_values=state.cache,
-            use_cache=True,
-        )
-        return out.logits.float()
+        padded = valid is not None and not bool(valid.all())
+        with self._output_layer_only_at(valid) if padded else nullcontext():
+            out = self.model(
+                input_ids=tokens.to(self.device),
+                position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
+                attention_mask=None if plain else self._additive_mask(state.slot_valid, visibility),
+                past_key_values=state.cache,
+                use_cache=True,
+            )
+        logits = out.logits
+        if padded and logits.shape[:-1] == valid.shape:  # a model whose output layer is not its output embeddings module
+            logits = logits[valid.to(self.device)]
+        return logits.reshape(-1, logits.shape[-1]).float()
+
+    @contextmanager
+    def _output_layer_only_at(self, valid: torch.Tensor) -> Iterator[None]:
+        """Within: the model's output layer computes the logits of the `valid` nodes only ((1, N, V)).
+        No one reads a padding node's logits, and the output layer of a 150 k vocabulary is a large
+        share of a small model's forward, and of the memory a step takes at many rows (logits are
+        rows x nodes x vocabulary). vLLM, too, computes logits only where it samples."""
+        head = self.model.get_output_embeddings()
+        if head is None:
+            yield
+            return
+        index = valid.reshape(-1).nonzero().squeeze(1).to(self.device)
+
+        def valid_nodes(module: torch.nn.Module, args: tuple) -> tuple:
+            hidden = args[0]
+            return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)[None], *args[1:])
+
+        handle = head.register_forward_pre_hook(valid_nodes)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _additive_mask(self, slot_valid: torch.Tensor, visibility: torch.Tensor) -> torch.Tensor:
         """(B, 1, K, L + K) float mask in the model dtype (boolean 4-D masks are silently wrong
