@@ -12,7 +12,8 @@ from hsd_cli.models.settings import settings_for
 from hsd_cli.output.json_doc import stats_json
 from hsd_cli.records import Block, BlockKind
 from hsd_cli.stages.dialect import (
-    block_drafts, page_drafts, paragraph_text, plain_text, primary_language, settled, split_front_matter, table_forms,
+    block_drafts, indented_html_table, page_drafts, paragraph_text, plain_text, primary_language, settled, split_front_matter,
+    table_forms,
 )
 from hsd_cli.stages.draft.layout import layout_blocks
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
@@ -23,6 +24,7 @@ SPANNING = (
     "<tr><td>1</td><td>0.87</td><td>0.20</td></tr><tr><td>2</td><td>0.88</td><td>0.40</td></tr></table>"
 )
 PIPE = "| # | Score |  |\n|---|---|---|\n| 1 | 0.87 | 0.20 |\n| 2 | 0.88 | 0.40 |"
+INDENTED = [indented_html_table(SPANNING, rows, cells) for rows, cells in ((0, 2), (2, 4), (4, 8))]
 
 
 def block(kind: BlockKind, text: str, html: str | None = None) -> Block:
@@ -35,14 +37,27 @@ def settings(**dialect):
 
 def test_a_table_is_drafted_in_each_form_the_family_may_write():
     table = block(BlockKind.TABLE, SPANNING, html=SPANNING)
-    assert table_forms(table, "html") == [SPANNING], "HTML keeps the spans"
-    assert table_forms(table, "pipe") == [PIPE], "a pipe table lists each row's cells, short rows padded"
-    assert table_forms(table, "either") == [SPANNING, PIPE]
+    assert table_forms(table, "html", "compact") == [SPANNING], "HTML keeps the spans"
+    assert table_forms(table, "pipe", "either") == [PIPE], "a pipe table lists each row's cells, short rows padded"
+    assert table_forms(table, "either", "compact") == [SPANNING, PIPE]
+    assert table_forms(table, "html", "indented") == INDENTED
+    assert table_forms(table, "either", "either") == [SPANNING, *INDENTED, PIPE]
+
+
+def test_an_indented_html_table_has_a_row_tag_or_cell_a_line():
+    assert indented_html_table(SPANNING, 2, 4) == (
+        "<table>\n"
+        "  <tr>\n    <th>#</th>\n    <th colspan=\"2\">Score</th>\n  </tr>\n"
+        "  <tr>\n    <td>1</td>\n    <td>0.87</td>\n    <td>0.20</td>\n  </tr>\n"
+        "  <tr>\n    <td>2</td>\n    <td>0.88</td>\n    <td>0.40</td>\n  </tr>\n"
+        "</table>"
+    )
+    assert indented_html_table(INDENTED[2], 0, 2) == INDENTED[0], "a laid out table is laid out again"
 
 
 def test_a_pipe_table_without_html_gets_an_html_form():
     table = block(BlockKind.TABLE, "| a | b |\n|---|---|\n| 1 | x<y |")
-    assert table_forms(table, "html") == ["<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>x&lt;y</td></tr></table>"]
+    assert table_forms(table, "html", "compact") == ["<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>x&lt;y</td></tr></table>"]
 
 
 def test_emphasis_marks_come_off_only_when_the_family_strips_them():
@@ -64,7 +79,7 @@ def test_list_items_keep_their_lines_and_page_furniture_drafts_nothing():
         block(BlockKind.LIST, "- one\n- two"),
         block(BlockKind.TABLE, SPANNING, html=SPANNING),
     )
-    assert page_drafts(blocks, settings(emphasis="strip")) == ["A wrapped paragraph.", "- one\n- two", SPANNING, PIPE]
+    assert page_drafts(blocks, settings(emphasis="strip")) == ["A wrapped paragraph.", "- one\n- two", SPANNING, *INDENTED, PIPE]
     assert block_drafts(blocks[1], settings(emphasis="keep", line_breaks="kept")) == ["A _wrapped_\nparagraph."]
 
 
@@ -84,7 +99,7 @@ def test_decoding_follows_the_table_form_the_model_writes():
     rows = "".join(f"<tr><td>{i}</td><td>0.{i}5</td><td>0.{i}0</td></tr>" for i in range(1, 9))
     html = f"<table><tr><th>#</th><th colspan=\"2\">Score</th></tr>{rows}</table>"
     table = block(BlockKind.TABLE, html, html=html)
-    output = table_forms(table, "pipe")[0]
+    output = table_forms(table, "pipe", "compact")[0]
     target = OracleTarget(CharTokenizer(), {"page": CharTokenizer().encode(output) + [0]}, [0])
     config = DecodeConfig(max_new_tokens=len(output) + 8)
     forwards = {
@@ -93,6 +108,23 @@ def test_decoding_follows_the_table_form_the_model_writes():
     }
     assert forwards["either"] <= forwards["pipe"] + 2
     assert forwards["either"] * 3 < forwards["html"]
+
+
+def test_decoding_follows_the_html_layout_the_model_writes():
+    """A model that lays its HTML tables out a cell a line: drafting every layout takes about the
+    forwards the model's own layout takes, and far fewer than the compact table alone."""
+    rows = "".join(f"<tr><td>{i}</td><td>0.{i}5</td><td>0.{i}0</td></tr>" for i in range(1, 9))
+    html = f"<table><tr><th>#</th><th colspan=\"2\">Score</th></tr>{rows}</table>"
+    table = block(BlockKind.TABLE, html, html=html)
+    output = indented_html_table(html, 2, 4)
+    target = OracleTarget(CharTokenizer(), {"page": CharTokenizer().encode(output) + [0]}, [0])
+    config = DecodeConfig(max_new_tokens=len(output) + 8)
+    forwards = {
+        layout: simulate(target, "page", block_drafts(table, settings(table_format="html", table_layout=layout)), "tokens", config).forwards
+        for layout in ("compact", "indented", "either")
+    }
+    assert forwards["either"] <= forwards["indented"] + 2
+    assert forwards["either"] * 3 < forwards["compact"]
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +258,11 @@ def test_a_documents_earlier_outputs_settle_the_forms_its_later_pages_draft():
     assert settled(settings(table_format="pipe"), [html_page]).table_format == "pipe"  # a family's own choice stays
     table = block(BlockKind.TABLE, PIPE, html=SPANNING)
     assert page_drafts((table,), settled(either, [html_page])) == [SPANNING]
-    assert page_drafts((table,), either) == [SPANNING, PIPE]
+    assert page_drafts((table,), either) == [SPANNING, *INDENTED, PIPE]
+    assert settled(either, [html_page]).table_layout == "compact"
+    assert settled(either, [INDENTED[1]]).table_layout == "indented"
+    assert page_drafts((table,), settled(either, [INDENTED[1]])) == INDENTED
+    assert settled(either, [html_page, INDENTED[1]]).table_layout == "either"  # both seen: undecided
 
 
 def _tiny_model(tmp_path):

@@ -28,6 +28,7 @@ DRAFT_MATCHES = ("chars", "tokens")
 CHOICES = {
     "draft_match": DRAFT_MATCHES,
     "table_format": ("either", "html", "pipe"),
+    "table_layout": ("either", "compact", "indented"),
     "emphasis": ("keep", "strip"),
     "line_breaks": ("joined", "kept"),
     "math_delimiters": ("either", "paren", "dollar"),
@@ -51,6 +52,9 @@ class ModelSettings:
     known_ids: tuple[str, ...] = ()
     # The family's dialect, for drafts written the way its models write (stages/dialect.py):
     table_format: str = "either"  # html, pipe, or either (both forms drafted)
+    # An HTML table on one line (compact), one tag per line indented as pretty-printers do
+    # (indented: 0/2, 2/4 and 4/8 spaces before rows/cells, all drafted), or either (all drafted).
+    table_layout: str = "either"
     emphasis: str = "keep"  # keep or strip the text layer's *italic* and **bold** marks
     line_breaks: str = "joined"  # joined: a paragraph on one line; kept: as the page wraps it
     math_delimiters: str = "either"  # inline math as \(x\) (paren), $x$ (dollar) or either (both drafted)

@@ -47,12 +47,14 @@ _LINE_BREAK = re.compile(r"[ \t]*\n[ \t]*(?=\S)")
 # Inline math as the text-layer draft writes it (stages/draft/math.py).
 _INLINE_MATH = re.compile(r"\\\((.+?)\\\)")
 # The settings a page's drafts follow, as its JSON reports them; those a document's pages settle.
-DIALECT_KEYS = ("table_format", "math_delimiters", "headings", "emphasis", "line_breaks", "front_matter")
-SETTLED_KEYS = ("table_format", "math_delimiters", "headings")
+DIALECT_KEYS = ("table_format", "table_layout", "math_delimiters", "headings", "emphasis", "line_breaks", "front_matter")
+SETTLED_KEYS = ("table_format", "table_layout", "math_delimiters", "headings")
 # What a model's output shows of its dialect: (setting, value, evidence).
 _EVIDENCE = (
     ("table_format", "html", re.compile(r"<table[\s>]")),
     ("table_format", "pipe", re.compile(r"^\|?\s*:?-{3,}:?\s*\|", re.MULTILINE)),
+    ("table_layout", "compact", re.compile(r"<tr\b[^>]*><t[dh]\b")),
+    ("table_layout", "indented", re.compile(r"<tr\b[^>]*>\n[ \t]*<t[dh]\b")),
     ("math_delimiters", "paren", re.compile(r"\\\(.+?\\\)")),
     # Math in dollars, not prices: a LaTeX command, sub- or superscript between the dollars.
     ("math_delimiters", "dollar", re.compile(r"(?<![\\$])\$(?!\s)[^$\n]*[\\_^][^$\n]*(?<!\s)\$")),
@@ -85,15 +87,36 @@ def html_table(rows: list[list[str]]) -> str:
     return "<table>" + row_html(rows[0], "th") + "".join(row_html(row, "td") for row in rows[1:]) + "</table>"
 
 
-def table_forms(block: Block, table_format: str) -> list[str]:
-    """The table's text in the family's table dialect(s): `html`, `pipe` or `either` (both).
-    Cells that span rows or columns keep their spans in HTML; a pipe table lists each row's cells."""
+# An `indented` HTML table: one row tag or cell a line, indented by so many spaces (rows, cells), as
+# pretty-printers and the models trained on their output lay tables out (OmniDocBench's example
+# predictions use all three).
+HTML_TABLE_INDENTS = ((0, 2), (2, 4), (4, 8))
+_ROW_TAG = re.compile(r"\s*(</?tr\b[^>]*>)")
+_CELL_TAG = re.compile(r"\s*(<t[dh]\b)")
+_TABLE_END = re.compile(r"\s*(</table>)")
+
+
+def indented_html_table(table: str, rows: int, cells: int) -> str:
+    """An HTML table with each row tag and cell on its own line, indented by `rows` and `cells` spaces."""
+    table = _ROW_TAG.sub(lambda m: "\n" + " " * rows + m.group(1), table)
+    table = _CELL_TAG.sub(lambda m: "\n" + " " * cells + m.group(1), table)
+    return _TABLE_END.sub(lambda m: "\n" + m.group(1), table)
+
+
+def table_forms(block: Block, table_format: str, table_layout: str) -> list[str]:
+    """The table's text in the family's table dialect(s): `html`, `pipe` or `either` (both), HTML
+    laid out `compact`, `indented` or `either` (every layout). Cells that span rows or columns
+    keep their spans in HTML; a pipe table lists each row's cells."""
     rows = html_table_cells(block.html)[0] if block.html else pipe_table_cells(block.text)
     if not rows:
         return [block.text]
     forms = []
     if table_format in ("html", "either"):
-        forms.append(block.html or html_table(rows))
+        compact = block.html or html_table(rows)
+        if table_layout in ("compact", "either"):
+            forms.append(compact)
+        if table_layout in ("indented", "either"):
+            forms += [indented_html_table(compact, *indent) for indent in HTML_TABLE_INDENTS]
     if table_format in ("pipe", "either"):
         forms.append(pipe_table(rows))
     return forms
@@ -142,7 +165,7 @@ def heading_forms(block: Block, text: str, headings: str) -> list[str]:
 def block_drafts(block: Block, settings: ModelSettings) -> list[str]:
     """One block's draft text(s) in the family's dialect."""
     if block.kind is BlockKind.TABLE:
-        return table_forms(block, settings.table_format)
+        return table_forms(block, settings.table_format, settings.table_layout)
     text = plain_text(block.text, settings.emphasis)
     if block.kind in PARAGRAPH_KINDS:
         text = paragraph_text(text, settings.line_breaks)
