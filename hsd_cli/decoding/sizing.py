@@ -137,11 +137,14 @@ class LoadSizer:
         # Per row sized: the same argmax as the whole batch's rate when every row is like these.
         # Gains summed over rows in row order (cumsum adds one after another, as a Python sum would).
         expected_tokens = (rows + np.cumsum(self._gains(kinds, trees, widest), axis=0)[-1]) / rows
-        best_width, best_rate = 1, 0.0
+        best_width, best_rate, best_price = 1, 0.0, 0.0
         for width, tokens in enumerate(expected_tokens.tolist(), start=1):
-            rate = tokens / self._price(priced_rows, width, context)
-            if rate > best_rate * (1 + 1e-9):
-                best_width, best_rate = width, rate
+            price = self._price(priced_rows, width, context)
+            rate = tokens / price
+            # Nodes that cost nothing are verified, also those the estimate gives no value (a
+            # trie's siblings: it counts the deepest node only).
+            if rate > best_rate * (1 + 1e-9) or price <= best_price:
+                best_width, best_rate, best_price = width, rate, price
         return best_width
 
     def _price(self, rows: int, width: int, context: int) -> float:
