@@ -29,6 +29,9 @@ class ProposerConfig:
     # that accepted a token, averaged with weight `trie_hit_weight` on the latest step.
     trie_budget_min: int = 4
     trie_hit_weight: float = 0.25
+    # The sequence's own output is a draft too (as vLLM's n-gram proposer looks up its output):
+    # what repeats in a page (LaTeX commands, table markup, list marks) no draft of it holds.
+    own_output: bool = True
 
 
 class Proposer(Protocol):
@@ -141,6 +144,7 @@ class DraftProposer:
     - no occurrence -> a plain step.
     The window starts at `window_min`, grows by the accepted tokens while matches are
     ambiguous (capped at `window_max`) and resets when a lookup finds zero or one match.
+    With `own_output`, the tokens emitted so far are one more draft, looked up like the others.
 
     Resynchronisation: when verification stops after draft token at position p, the target's
     bonus token Y ends the context and often matches nothing (it replaced the draft's token).
@@ -150,8 +154,9 @@ class DraftProposer:
 
     def __init__(self, drafts: Sequence[Sequence[int]], config: ProposerConfig = ProposerConfig()):
         self.config = config
-        self.drafts: list[list[int]] = []
-        # token -> (draft, position) of every occurrence that has a following token
+        # The sequence's output so far, then the drafts; a draft position is (list index, position).
+        self._lists: list[list[int]] = [[]]
+        # token -> (list, position) of every occurrence that has a following token
         self.occurrences: dict[int, list[tuple[int, int]]] = {}
         self.add_drafts(drafts)
         self.start()
@@ -162,12 +167,13 @@ class DraftProposer:
         for draft in drafts:
             if len(draft) < 2:
                 continue
-            draft_index = len(self.drafts)
-            self.drafts.append(list(draft))
+            draft_index = len(self._lists)
+            self._lists.append(list(draft))
             for position, token in enumerate(draft[:-1]):
                 self.occurrences.setdefault(token, []).append((draft_index, position))
 
     def start(self) -> None:
+        self._forget_output()
         self.window = self.config.window_min
         self._ambiguous = False
         self._tree: TokenTree | None = None
@@ -176,29 +182,50 @@ class DraftProposer:
         self._trie_hit_rate = 1.0
         self._was_trie = False
 
+    @property
+    def drafts(self) -> list[list[int]]:
+        """The drafts given, without the output."""
+        return self._lists[1:]
+
+    def _forget_output(self) -> None:
+        output, self._lists[0] = self._lists[0], []
+        for token in set(output[:-1]):  # the last token was never indexed
+            self.occurrences[token] = [item for item in self.occurrences[token] if item[0] != 0]
+
+    def _index_output(self, context: Sequence[int]) -> None:
+        """Take the tokens emitted since the last step into the output's list. Its last token,
+        the root, has no follower yet, so it is indexed at the next step."""
+        output = self._lists[0]
+        indexed = max(len(output) - 1, 0)
+        output.extend(context[len(output) :])
+        for position in range(indexed, len(output) - 1):
+            self.occurrences.setdefault(output[position], []).append((0, position))
+
     def propose(self, context: Sequence[int]) -> TokenTree:
+        if self.config.own_output:
+            self._index_output(context)
         root = context[-1]
         limit = self.config.window_max
-        scored = [(d, p, _matched_suffix(context, self.drafts[d], p, limit)) for d, p in self.occurrences.get(root, ())]
+        scored = [(d, p, _matched_suffix(context, self._lists[d], p, limit)) for d, p in self.occurrences.get(root, ())]
         window = min(self.window, len(context))
         full_matches = [item for item in scored if item[2] >= window]
         self._ambiguous = len(full_matches) > 1
         self._was_trie = len(full_matches) != 1
         if len(full_matches) == 1:
             draft, position, matched = full_matches[0]
-            chain = self.drafts[draft][position + 1 : position + 1 + self.config.chain_max]
+            chain = self._lists[draft][position + 1 : position + 1 + self.config.chain_max]
             self._tree = TokenTree.chain(root, chain, evidence=matched)
             self._sources = [(draft, position + i) for i in range(len(chain) + 1)]
             return self._tree
         depth = self.config.trie_depth
         best = sorted(scored, key=lambda item: -item[2])[: self.config.trie_continuations]
-        continuations = [Continuation(self.drafts[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
+        continuations = [Continuation(self._lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
         if self._stop is not None:
             draft, position = self._stop
             chain_max, rank = self.config.chain_max, limit + 1
             continuations += [
-                Continuation(self.drafts[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
-                Continuation(self.drafts[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
+                Continuation(self._lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
+                Continuation(self._lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
             ]
         self._tree, self._sources = build_trie(root, continuations, self._trie_budget())
         return self._tree

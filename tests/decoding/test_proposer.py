@@ -176,3 +176,31 @@ def test_trie_takes_nodes_by_score_then_sharing_and_keeps_the_best_continuations
     cut, cut_sources = build_trie(9, continuations, budget=3)
     assert cut.tokens == (9, 1, 5, 2) and cut_sources == sources[:4]
     assert build_trie(9, [], budget=10)[0].tokens == (9,)
+
+
+def test_the_output_so_far_is_a_draft_too():
+    # No draft holds "1 2" twice; the output has written "1 2 3 9" and now "1 2" again.
+    proposer = DraftProposer([[7, 8]])
+    assert proposer.propose([1, 2, 3, 9, 1, 2]).tokens == (2, 3, 9, 1, 2)
+    assert DraftProposer([[7, 8]], ProposerConfig(own_output=False)).propose([1, 2, 3, 9, 1, 2]).tokens == (2,)
+
+
+def test_the_output_is_looked_up_as_it_grows_and_never_past_its_end():
+    proposer = DraftProposer([[7, 8]])
+    assert proposer.propose([5, 6]).tokens == (6,), "nothing repeats yet"
+    assert proposer.propose([5, 6, 5]).tokens == (5, 6, 5), "the output up to its last token, no further"
+    assert proposer.propose([5, 6, 5, 6]).tokens == (6, 5, 6)
+
+
+def test_output_and_drafts_continue_one_context_in_a_trie():
+    proposer = DraftProposer([[4, 1, 2, 8, 8]], ProposerConfig(window_min=2))
+    assert sorted(children_of(proposer.propose([1, 2, 3, 9, 1, 2]), 0)) == [3, 8]
+
+
+def test_start_forgets_the_previous_sequences_output_but_keeps_the_drafts():
+    proposer = DraftProposer([[4, 5, 6]])
+    assert proposer.propose([1, 2, 3, 1, 2]).tokens == (2, 3, 1, 2)
+    assert proposer.propose([1, 2, 3, 1, 2, 3, 42]).tokens == (42,)
+    proposer.start()
+    assert proposer.propose([9, 1, 2]).tokens == (2,), "the last sequence's output is no draft of this one"
+    assert proposer.propose([9, 1, 2, 4, 5]).tokens == (5, 6)
