@@ -127,6 +127,12 @@ def test_acceptance_is_learned_per_evidence_and_kind():
     assert 0 < pooled[-1] < sizer.expected_accepted("k", strong)[-1], "an unseen evidence takes the kind's pooled rate"
 
 
+def test_a_tries_siblings_are_verified_where_they_cost_nothing():
+    trie = TokenTree((5, 6, 7, 8), (-1, 0, 0, 0))  # three guesses at one depth: worth the first one's, as estimated
+    assert LoadSizer(flat).width(["k"], [trie], [0]) == len(trie)
+    assert LoadSizer(half_node).width(["k"], [trie], [0]) == 1, "where a node costs, the same rate goes to the narrower"
+
+
 def test_a_price_is_asked_once_per_shape():
     asked = []
 
