@@ -1,7 +1,7 @@
 """Command line: parses options into frozen config and hands over; holds no conversion logic.
 
 Every option of `convert` has an HSD_<NAME> environment variable and a key in the `[convert]`
-table of a TOML config file; see hsd_cli/settings.py for the precedence.
+table of a TOML config file; see hsd_cli/user_settings.py for the precedence.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hsd_cli.eval import eval_app
 from hsd_cli.profiles.command import profile as profile_command
 from hsd_cli.replay import replay_app
 from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Sizing, Stages, UsageError
-from hsd_cli.settings import describe_sources, load_config_callback
+from hsd_cli.user_settings import describe_sources, load_config_callback
 
 app = typer.Typer(
     name="hsd",
@@ -208,9 +208,9 @@ def convert(
 ) -> None:
     """Convert documents to Markdown and JSON."""
     from hsd_cli.output.manifest import OutputLockedError
-    from hsd_cli.tasks import vlm_options
-    from hsd_cli.runner import EventLog, ExitCode, Reporter, read_files_from, run_convert
-    from hsd_cli.worker import ExecutorUnavailableError
+    from hsd_cli.batch.tasks import vlm_options
+    from hsd_cli.batch.runner import EventLog, ExitCode, Reporter, read_files_from, run_convert
+    from hsd_cli.batch.worker import ExecutorUnavailableError
 
     console = Console(stderr=True)
     reporter = Reporter(console=console, quiet=quiet, debug=debug)
@@ -285,9 +285,9 @@ def convert(
         if problem := _model_directory_problem(options.model):
             reporter.error(problem, "give a local model directory, or a hub id that is in the HF cache")
             raise typer.Exit(ExitCode.ENVIRONMENT)
-        from hsd_cli.decoding.target.families import UnsupportedFamilyError
+        from hsd_cli.decoding.hf_target.families import UnsupportedFamilyError
         from hsd_cli.settings_files import SettingsFileError
-        from hsd_cli.stages.vlm import ModelUnavailableError, preflight
+        from hsd_cli.serving.model import ModelUnavailableError, preflight
 
         try:
             family = preflight(options)
@@ -339,15 +339,15 @@ def models(
 ) -> None:
     """List the model families hsd has settings for, their known models and whether each is present, and the
     families hsd refuses with the reason."""
-    from hsd_cli.decoding.target.families import REFUSED
-    from hsd_cli.models.settings import (
+    from hsd_cli.decoding.hf_target.families import REFUSED
+    from hsd_cli.models.family_settings import (
         PACKAGED_DIR,
         locate_model,
         read_settings,
         settings_files,
         user_dir,
     )
-    from hsd_cli.runner import ExitCode, Reporter
+    from hsd_cli.batch.runner import ExitCode, Reporter
     from hsd_cli.settings_files import SettingsFileError
 
     families = []

@@ -158,7 +158,7 @@ class RunConfig:
     max_docs_per_worker: int = 50  # per row in flight (runner.documents_per_process)
     # Rows the model keeps in flight: documents in flight in one worker (a local process, each Ray
     # actor) when a model runs (runner.documents_in_flight), so that their pages share the
-    # model's forwards. None: as the device's memory holds (runner.default_max_rows, stages.rows).
+    # model's forwards. None: as the device's memory holds (runner.default_max_rows, serving.rows).
     max_rows: int | None = None
     sizing: Sizing = Sizing.PAGE
     # Processes that render and draft pages ahead of the model in a local worker (None: as

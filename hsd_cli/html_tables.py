@@ -1,5 +1,5 @@
 """The one reading of an HTML table, for the drafts (stages/draft/tables.py) and the table scorers
-(eval/tables.py): its rows of cell texts with their spans. Standard library only, so that the
+(eval/table_grids.py): its rows of cell texts with their spans. Standard library only, so that the
 scorers need not load the draft stage to read a table."""
 
 from __future__ import annotations

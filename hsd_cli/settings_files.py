@@ -1,6 +1,6 @@
 """What reading hsd's two kinds of TOML settings file shares: where the user's files are, how a
 file is read, and the error for a file that cannot be used. The convert options' config files are
-read in settings.py, the model families' settings in models/settings.py."""
+read in settings.py, the model families' settings in models/family_settings.py."""
 
 from __future__ import annotations
 

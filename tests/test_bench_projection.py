@@ -4,12 +4,12 @@ every read of a page its output had turned and read again."""
 
 import pytest
 
-from hsd_cli.bench.pipeline import projected_s
+from hsd_cli.bench.pipeline_arms import projected_s
 from hsd_cli.decoding import DecodeResult
 from hsd_cli.decoding.stats import DecodeStats
-from hsd_cli.page import Reading
+from hsd_cli.records.page import Reading
 from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile
-from hsd_cli.stats import RegionResult
+from hsd_cli.records.totals import RegionResult
 
 # A forward costs 10 ms a row at any width and context, a step 1 ms more on the host; a prefill
 # 10 ms for a 100-pixel square, 1 s for a 1,000-pixel one, linear in the area between.

@@ -1,4 +1,4 @@
-"""Rows in flight where --max-rows is not given (stages.rows): as many as a GPU's memory holds,
+"""Rows in flight where --max-rows is not given (serving.rows): as many as a GPU's memory holds,
 one on the CPU; the run says which, and its summary records them."""
 
 import json
@@ -12,7 +12,7 @@ from tests.conftest import run_hsd
 
 
 def test_rows_fill_the_devices_share_beside_weights_and_workspace_and_half_the_hosts_memory():
-    from hsd_cli.stages.rows import (
+    from hsd_cli.serving.rows import (
         GIB,
         MAX_DEFAULT_ROWS,
         bounded,
@@ -32,8 +32,8 @@ def test_rows_fill_the_devices_share_beside_weights_and_workspace_and_half_the_h
 
 
 def test_on_the_cpu_the_default_is_one_row_and_nothing_is_loaded():
-    from hsd_cli.stages.rows import default_rows
-    from hsd_cli.stages.vlm import VlmOptions
+    from hsd_cli.serving.rows import default_rows
+    from hsd_cli.serving.model import VlmOptions
 
     choice = default_rows(VlmOptions(model="no/such-model", device="cpu"), 150, 40_000_000)
     assert choice.rows == 1 and "CPU" in choice.why
@@ -43,10 +43,10 @@ def test_on_a_gpu_the_rows_follow_its_memory_and_the_pages_prompt(tiny_model, mo
     """The budget on a device of a given size (its memory stands in for a GPU's), priced with the
     model's own footprint and the prompt its processor makes of an A4 page at the render size."""
     from hsd_cli import processes
-    from hsd_cli.decoding.target import footprint, load_target
-    from hsd_cli.models.settings import settings_for
-    from hsd_cli.stages.rows import A4_PT, GIB, WORKSPACE_BYTES, default_rows
-    from hsd_cli.stages.vlm import VlmOptions
+    from hsd_cli.decoding.hf_target import footprint, load_target
+    from hsd_cli.models.family_settings import settings_for
+    from hsd_cli.serving.rows import A4_PT, GIB, WORKSPACE_BYTES, default_rows
+    from hsd_cli.serving.model import VlmOptions
 
     target = load_target(str(tiny_model), device="cpu", dtype="float32")
     page = Image.new("RGB", (round(A4_PT[0] * 100 / 72), round(A4_PT[1] * 100 / 72)), "white")
@@ -96,7 +96,7 @@ def test_max_rows_unset_is_chosen_and_recorded(tiny_model, docs_dir, tmp_path):
 
 
 def test_a_budget_that_cannot_be_worked_out_warns_and_reads_one_row(tiny_model, docs_dir, tmp_path, monkeypatch):
-    from hsd_cli.decoding.target import footprint
+    from hsd_cli.decoding.hf_target import footprint
 
     monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
 
@@ -116,7 +116,7 @@ def test_on_a_gpu_a_run_keeps_no_more_rows_than_it_has_documents(tiny_model, doc
     holds many reads as two rows, and one document as one (whole trees, as against `generate`).
     The parent's view of the device stands in for a GPU; the worker still runs on the CPU."""
     from hsd_cli import processes
-    from hsd_cli.decoding.target import devices, footprint
+    from hsd_cli.decoding.hf_target import devices, footprint
 
     monkeypatch.setattr(devices, "default_device", lambda: "cuda")
     monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
@@ -134,7 +134,7 @@ def test_on_a_gpu_a_long_document_splits_into_as_many_rows_as_its_parts(tiny_mod
     """One long PDF alone in a run fills rows too: it splits into parts of at least MIN_PART_PAGES
     pages, a row each (20 pages: 3 parts), and `--pages` counts only the pages selected."""
     from hsd_cli import processes
-    from hsd_cli.decoding.target import devices, footprint
+    from hsd_cli.decoding.hf_target import devices, footprint
 
     monkeypatch.setattr(devices, "default_device", lambda: "cuda")
     monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
@@ -161,7 +161,7 @@ def test_on_a_gpu_a_long_document_splits_into_as_many_rows_as_its_parts(tiny_mod
 
 
 def test_the_parts_a_run_splits_into_count_pages_selected_and_stop_when_enough(docs_dir, tmp_path):
-    from hsd_cli.stages.rows import run_parts
+    from hsd_cli.serving.rows import run_parts
 
     report = (docs_dir / "report.pdf", "pdf")  # 2 pages
     broken = tmp_path / "broken.pdf"
@@ -181,7 +181,7 @@ def test_a_worker_process_serves_max_docs_per_worker_per_row_in_flight(tmp_path)
     after N times --max-docs-per-worker documents, so a generation pays that once per as many
     documents per row as with one row."""
     from hsd_cli.config import ConvertConfig
-    from hsd_cli.runner import (
+    from hsd_cli.batch.runner import (
         BatchRun,
         EventLog,
         Reporter,

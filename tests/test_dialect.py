@@ -8,9 +8,9 @@ import pytest
 
 from hsd_cli.bench.oracle import OracleTarget, simulate
 from hsd_cli.decoding import DecodeConfig
-from hsd_cli.models.settings import settings_for
+from hsd_cli.models.family_settings import settings_for
 from hsd_cli.output.json_doc import stats_json
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.stages.dialect import (
     block_drafts, indented_html_table, page_drafts, paragraph_text, plain_text, primary_language, settled, split_front_matter,
     table_forms,
@@ -267,13 +267,13 @@ def test_a_documents_earlier_outputs_settle_the_forms_its_later_pages_draft():
 
 def _tiny_model(tmp_path):
     from hsd_cli.models.tiny_families import build_tiny_random
-    from hsd_cli.stages.vlm import VlmModel, VlmOptions
+    from hsd_cli.serving.model import VlmModel, VlmOptions
 
     return VlmModel(VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
 
 
 def _blank_page():
-    from hsd_cli.page import Page
+    from hsd_cli.records.page import Page
 
     return Page(page_no=1, size_pt=(595, 842), picture=pymupdf.open().new_page().get_pixmap().pil_image(), scale=1.0)
 
@@ -281,7 +281,7 @@ def _blank_page():
 def _vlm_page(model, page, blocks, earlier_outputs=()):
     """The VLM stages on a page whose draft is `blocks`, as the pipeline orders them (no region pass)."""
     from hsd_cli.config import Stages
-    from hsd_cli.pipeline import DocumentSoFar, vlm_stage
+    from hsd_cli.document.pipeline import DocumentSoFar, vlm_stage
 
     drafted = replace(page, blocks=blocks, backend="test", flags=("draft_only",))
     return vlm_stage(drafted, model, Stages.PAGE, DocumentSoFar(outputs=tuple(earlier_outputs)))

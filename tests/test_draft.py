@@ -7,11 +7,11 @@ import pymupdf
 import pytest
 
 from hsd_cli.config import ConvertConfig, DraftBackendName
-from hsd_cli.eval.tables import html_table
-from hsd_cli.records import BlockKind
+from hsd_cli.eval.table_grids import html_table
+from hsd_cli.records.kinds import BlockKind
 from hsd_cli.stages.draft import AutoDraft, draft_page, make_draft_backend
 from hsd_cli.stages.draft.paddle import PaddleJsonDraft
-from hsd_cli.stages.draft.tables import (
+from hsd_cli.stages.draft.table_text import (
     html_table_cells,
     is_plausible_table,
     pipe_table,

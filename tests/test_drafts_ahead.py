@@ -18,17 +18,17 @@ import pymupdf
 import pytest
 
 from hsd_cli.config import ConvertConfig, Executor, RunConfig
-from hsd_cli.page import Page
-from hsd_cli.pipeline import DraftsAhead
+from hsd_cli.records.page import Page
+from hsd_cli.document.pipeline import DraftsAhead
 from hsd_cli import draft_processes
-from hsd_cli.draft_processes import (
+from hsd_cli.batch.draft_processes import (
     DRAFT_PROCESS_BYTES,
     DraftProcesses,
     MAX_DEFAULT_DRAFT_PROCESSES,
     default_draft_processes,
     threads_per_process,
 )
-from hsd_cli.runner import drafting_processes
+from hsd_cli.batch.runner import drafting_processes
 from tests.conftest import run_hsd
 from tests.test_batch import _manifest
 
@@ -220,10 +220,10 @@ def test_a_draft_that_hangs_or_kills_its_process_costs_its_page_only_and_leaves_
 def test_a_worker_that_drafted_ahead_ends_by_itself_when_stopped(documents, tmp_path):
     """Its draft processes stop before its main returns: else multiprocessing joins them first and
     the worker hangs until the parent kills it (exit code -9, 10 s late)."""
-    from hsd_cli.inputs import InputDocument, OutputPaths
-    from hsd_cli.local_executor import LocalExecutor
-    from hsd_cli.tasks import DocumentTask
-    from hsd_cli.worker import Limits, WorkerPool
+    from hsd_cli.batch.inputs import InputDocument, OutputPaths
+    from hsd_cli.batch.local_executor import LocalExecutor
+    from hsd_cli.batch.tasks import DocumentTask
+    from hsd_cli.batch.worker import Limits, WorkerPool
 
     executor = LocalExecutor(slots=1, max_docs_per_worker=50)
     channels = []

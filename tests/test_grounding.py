@@ -16,15 +16,15 @@ from hsd_cli.decoding import (
     decode_batch,
     make_proposer,
 )
-from hsd_cli.models.settings import settings_for
+from hsd_cli.models.family_settings import settings_for
 from hsd_cli.output.json_doc import page_json
 from hsd_cli.output.markdown import page_markdown
-from hsd_cli.page import Page
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.page import Page
+from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.stages.dialect import page_drafts
 from hsd_cli.stages.grounding import split_grounding
 from hsd_cli.stages.outcome import model_reading
-from hsd_cli.stages.page import upright_read
+from hsd_cli.stages.page_stage import upright_read
 from hsd_cli.stages.region import region_result
 from tests.test_dialect import CharTokenizer
 

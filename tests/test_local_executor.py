@@ -18,12 +18,12 @@ import pytest
 
 from hsd_cli import local_executor
 from hsd_cli.config import ConvertConfig, Executor, RunConfig, UsageError
-from hsd_cli.inputs import InputDocument, OutputPaths
-from hsd_cli.local_executor import LocalExecutor, SharedProcess
-from hsd_cli.pipeline_lock import holding, released
-from hsd_cli.records import DocStatus
-from hsd_cli.tasks import DocumentOutcome, DocumentTask
-from hsd_cli.worker import CRASHED_ELSEWHERE, RESTARTED, Limits, WorkerPool
+from hsd_cli.batch.inputs import InputDocument, OutputPaths
+from hsd_cli.batch.local_executor import LocalExecutor, SharedProcess
+from hsd_cli.serving.pipeline_lock import holding, released
+from hsd_cli.records.kinds import DocStatus
+from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask
+from hsd_cli.batch.worker import CRASHED_ELSEWHERE, RESTARTED, Limits, WorkerPool
 from tests.conftest import run_hsd
 
 

@@ -53,9 +53,9 @@ def test_a_draft_only_worker_does_not_import_torch(docs_dir, tmp_path):
         import json, sys
         from pathlib import Path
         from hsd_cli.config import ConvertConfig
-        from hsd_cli.inputs import assign_outputs, discover
-        from hsd_cli.pipeline import process_document
-        from hsd_cli.tasks import DocumentTask
+        from hsd_cli.batch.inputs import assign_outputs, discover
+        from hsd_cli.document.pipeline import process_document
+        from hsd_cli.batch.tasks import DocumentTask
 
         out = Path(sys.argv[2])
         docs = discover([sys.argv[1]], False).documents
@@ -81,7 +81,7 @@ def test_memory_freed_by_a_page_goes_back_to_the_os():
     retained = _python(
         """
         import ctypes
-        from hsd_cli.pipeline import release_freed_memory
+        from hsd_cli.document.pipeline import release_freed_memory
 
         def rss_mib():
             with open("/proc/self/status") as handle:
@@ -130,9 +130,9 @@ def test_a_documents_figures_wait_for_its_files_on_disk_not_in_memory(tmp_path):
     import pymupdf
 
     from hsd_cli.config import ConvertConfig, DraftBackendName
-    from hsd_cli.inputs import InputDocument, OutputPaths
-    from hsd_cli.pipeline import convert_document, write_document
-    from hsd_cli.tasks import DocumentTask
+    from hsd_cli.batch.inputs import InputDocument, OutputPaths
+    from hsd_cli.document.pipeline import convert_document, write_document
+    from hsd_cli.batch.tasks import DocumentTask
 
     picture = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 200, 150), False)
     picture.set_rect(picture.irect, (40, 120, 200))

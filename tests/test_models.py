@@ -14,8 +14,8 @@ import pytest
 
 import hsd_cli
 import hsd_cli.configs
-from hsd_cli.decoding.target.families import ADAPTERS, REFUSED
-from hsd_cli.models.settings import all_settings, settings_for
+from hsd_cli.decoding.hf_target.families import ADAPTERS, REFUSED
+from hsd_cli.models.family_settings import all_settings, settings_for
 from hsd_cli.models.tiny_families import TINY_FAMILIES
 from hsd_cli.settings_files import SettingsFileError
 from tests.conftest import run_hsd

@@ -83,7 +83,7 @@ def tiny_model_as_when_written(tiny_model, docs_dir):
     """Skips where this machine's tiny random model decodes the fixtures' pages otherwise than the
     goldens' machine did (the plain, greedy reading every speculative one equals)."""
     from hsd_cli.decoding import load_target
-    from hsd_cli.models.settings import settings_for
+    from hsd_cli.models.family_settings import settings_for
 
     target = load_target(str(tiny_model), device="cpu", dtype="float32")
     prompt = settings_for(target.model_type).page_prompt

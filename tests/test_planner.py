@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 
 from hsd_cli.config import Stages
-from hsd_cli.page import Page, Plan, Way
+from hsd_cli.records.page import Page, Plan, Way
 from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile, square_side
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.stages.packed import PACKED_REGIONS
 from hsd_cli.stages.planner import (
     PREDICTION_SLACK, REGION_TAU, TAU_PRIOR, BlockOutlook, block_outlooks, expected_tau, fixed_plan, picture_side, plan_page,

@@ -181,7 +181,7 @@ def test_output_not_shared_with_a_node_is_refused(cluster, docs_dir, tmp_path, m
 def test_worker_actors_size_onnxruntime_to_their_cpus(cluster):
     """onnxruntime sizes its pools to the node's cores unless told; actors of one CPU each on a
     node must not each run pools as wide as the node (measured: twice the time per document)."""
-    from hsd_cli.ray_executor import DocumentActor
+    from hsd_cli.batch.ray_executor import DocumentActor
 
     def threads(actor: object) -> tuple[str | None, str | None]:
         return os.environ.get("ORT_INTRA_OP_NUM_THREADS"), os.environ.get("OMP_NUM_THREADS")
@@ -230,7 +230,7 @@ def one_at_a_time(model_corpus, tiny_model, tmp_path_factory) -> dict[str, bytes
 
 
 def test_each_actor_takes_as_many_documents_as_it_has_rows(cluster, tmp_path):
-    from hsd_cli.ray_executor import RayExecutor
+    from hsd_cli.batch.ray_executor import RayExecutor
 
     (tmp_path / ".hsd").mkdir()  # a run's state directory, made by its output lock
     executor = RayExecutor.connect(None, 0.0, tmp_path, rows=2, max_docs_per_worker=100)

@@ -12,8 +12,8 @@ import pytest
 
 from hsd_cli.config import ConvertConfig, Stages
 from hsd_cli.output.json_doc import stats_json
-from hsd_cli.pipeline import DocumentSoFar, draft_stage, vlm_stage
-from hsd_cli.records import PageFlag
+from hsd_cli.document.pipeline import DocumentSoFar, draft_stage, vlm_stage
+from hsd_cli.records.kinds import PageFlag
 from hsd_cli.stages.draft import make_draft_backend
 from hsd_cli.stages.outcome import TIMED_OUT_WHY
 from tests.fixtures import half_node_profile
@@ -31,7 +31,7 @@ def drafted_pages(docs_dir):
 
 
 def vlm_model(tiny_model, max_rows):
-    from hsd_cli.stages.vlm import VlmModel, VlmOptions
+    from hsd_cli.serving.model import VlmModel, VlmOptions
 
     return VlmModel(VlmOptions(model=str(tiny_model), dtype="float32", max_new_tokens=12, max_rows=max_rows))
 
@@ -84,7 +84,7 @@ def test_a_page_past_its_deadline_keeps_its_draft(tiny_model, drafted_pages, max
 
 def test_batch_sizing_gives_every_read_the_workers_one_sizer_and_reads_what_alone_reads(tiny_model, drafted_pages, tmp_path):
     from hsd_cli.config import Sizing
-    from hsd_cli.stages.vlm import VlmModel, VlmOptions
+    from hsd_cli.serving.model import VlmModel, VlmOptions
 
     profile = half_node_profile(tmp_path / "profile.json")
 

@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from hsd_cli import worker
-from hsd_cli.shared_worker import SharedWorker, SharedWorkers
-from hsd_cli.worker import RESTARTED, WORKER_ERROR, DocumentThreads
+from hsd_cli.batch.shared_worker import SharedWorker, SharedWorkers
+from hsd_cli.batch.worker import RESTARTED, WORKER_ERROR, DocumentThreads
 
 
 class InboxWorker(SharedWorker):

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 from hsd_cli.decoding import DecodeResult
 from hsd_cli.decoding.stats import DecodeStats
-from hsd_cli.models.settings import settings_for
-from hsd_cli.page import Page, Reading
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.models.family_settings import settings_for
+from hsd_cli.records.page import Page, Reading
+from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.stages.dialect import page_drafts
-from hsd_cli.stats import DecodingTotals
+from hsd_cli.records.totals import DecodingTotals
 
 
 def _reading(forwards: int, new_tokens: int, region_s: float, page_s: float, baseline_s: float | None) -> Reading:
@@ -52,7 +52,7 @@ def test_region_outputs_replace_their_blocks_pipeline_drafts_in_reading_order():
 
 
 def test_a_checkpoint_an_earlier_hsd_wrote_is_redone(tmp_path):
-    from hsd_cli.pipeline import _load_checkpoint
+    from hsd_cli.document.pipeline import _load_checkpoint
 
     current = Page(page_no=1, size_pt=(1, 1), backend="pdf-text", reading=_reading(1, 1, 0.0, 1.0, None))
     earlier = replace(current, reading={"page": {"forwards": 1}})  # an earlier hsd's record of the reading

@@ -191,7 +191,7 @@ def test_a_looping_model_keeps_its_reading_up_to_the_loop_and_the_draft_complete
 
 
 def test_figure_text_drafts_the_page_without_a_region_pass_and_furniture_drafts_nothing():
-    from hsd_cli.records import Block, BlockKind
+    from hsd_cli.records.kinds import Block, BlockKind
     from hsd_cli.stages.dialect import draft_plan
 
     def block(kind: BlockKind, text: str) -> Block:

@@ -4,7 +4,7 @@ import typer
 
 from .acceptance import acceptance
 from .decode import decode
-from .pipeline import pipeline
+from .pipeline_arms import pipeline
 from .repetition import repetition
 from .throughput import throughput
 

@@ -16,7 +16,7 @@ from hsd_cli.config import Sizing
 
 if TYPE_CHECKING:
     from hsd_cli.bench.oracle import BenchPage
-    from hsd_cli.models.settings import ModelSettings
+    from hsd_cli.models.family_settings import ModelSettings
 
 # The draft backend that drafted a page says what kind of page it is.
 PAGE_KINDS = {"pdf-text": "born-digital", "ocr": "scan"}
@@ -28,7 +28,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
     convert run, by the outputs of the document's earlier pages."""
     from hsd_cli.bench.oracle import BenchBlock, BenchPage
     from hsd_cli.config import ConvertConfig
-    from hsd_cli.inputs import sniff_kind
+    from hsd_cli.batch.inputs import sniff_kind
     from hsd_cli.profiles import square_side
     from hsd_cli.replay.dataset import pair_pages, region_target
     from hsd_cli.stages.draft import draft_page, make_draft_backend
@@ -136,7 +136,7 @@ def acceptance(
     from hsd_cli.bench.oracle import run_acceptance
     from hsd_cli.bench.throughput import row_counts
     from hsd_cli.decoding import DecodeConfig
-    from hsd_cli.models.settings import settings_for
+    from hsd_cli.models.family_settings import settings_for
     from hsd_cli.settings_files import SettingsFileError
 
     for option, path in (("--outputs", outputs), ("--inputs", inputs)):

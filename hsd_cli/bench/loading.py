@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from hsd_cli.stages.vlm import VlmModel, VlmOptions
+    from hsd_cli.serving.model import VlmModel, VlmOptions
 
 
 def bench_model_path(model: str) -> str:
@@ -29,8 +29,8 @@ def bench_model(options: VlmOptions, threads: int | None) -> VlmModel:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from hsd_cli.decoding.target.families import UnsupportedFamilyError
-    from hsd_cli.stages.vlm import ModelUnavailableError, VlmModel, preflight
+    from hsd_cli.decoding.hf_target.families import UnsupportedFamilyError
+    from hsd_cli.serving.model import ModelUnavailableError, VlmModel, preflight
 
     if threads:
         torch.set_num_threads(threads)

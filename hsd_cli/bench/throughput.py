@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hsd_cli.config import Sizing
-from hsd_cli.inputs import InputDocument, discover
+from hsd_cli.batch.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from hsd_cli.bench.corpus_projection import ProjectedRun
     from hsd_cli.decoding import DecodeRequest, DecodeResult
     from hsd_cli.decoding.sizing import LoadSizer
-    from hsd_cli.stages.vlm import VlmModel
+    from hsd_cli.serving.model import VlmModel
 
 KINDS = ("born_digital", "scan")
 PROJECTED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 448)
@@ -104,7 +104,7 @@ def corpus_pages(documents: Sequence[InputDocument], model: VlmModel, progress: 
     from pathlib import Path
 
     from hsd_cli.config import ConvertConfig
-    from hsd_cli.pipeline import draft_stage
+    from hsd_cli.document.pipeline import draft_stage
     from hsd_cli.stages.dialect import page_drafts
     from hsd_cli.stages.draft import make_draft_backend
     from hsd_cli.stages.planner import page_kind
@@ -299,7 +299,7 @@ def throughput(
     import torch
 
     from hsd_cli.bench.loading import bench_model, bench_model_path
-    from hsd_cli.stages.vlm import VlmOptions
+    from hsd_cli.serving.model import VlmOptions
 
     options = VlmOptions(model=bench_model_path(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                          max_new_tokens=max_new_tokens, profile=profile)

@@ -18,7 +18,7 @@ from typing import Any
 
 from hsd_cli.eval.errors import EvalInputError
 from hsd_cli.eval.outputs import read_hsd_pages
-from hsd_cli.eval.tables import Cell, Table, find_tables
+from hsd_cli.eval.table_grids import Cell, Table, find_tables
 
 Relation = tuple[str, str, str]  # (content, neighbour content, "right" | "down")
 

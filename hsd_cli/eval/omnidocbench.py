@@ -27,7 +27,7 @@ from rapidfuzz.distance import Levenshtein
 
 from hsd_cli.eval.errors import EvalInputError
 from hsd_cli.eval.outputs import read_hsd_pages
-from hsd_cli.eval.tables import Table, find_tables, html_table, remove_tables
+from hsd_cli.eval.table_grids import Table, find_tables, html_table, remove_tables
 from hsd_cli.eval.teds import teds
 
 NOT_SCORED_AS_TEXT = frozenset(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from apted import APTED, Config
 from rapidfuzz.distance import Levenshtein
 
-from hsd_cli.eval.tables import Table
+from hsd_cli.eval.table_grids import Table
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.models.tiny_tokens import QWEN_TOKENS, TinyTokens
 
 
@@ -184,8 +184,8 @@ def random_target(name_or_path: str, *, device: str | None = None, dtype: str = 
     layers keep the architecture's vocabulary size, so their cost is the real one."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from hsd_cli.decoding.target.devices import DTYPES, default_device
-    from hsd_cli.decoding.target import HFTarget
+    from hsd_cli.decoding.hf_target.devices import DTYPES, default_device
+    from hsd_cli.decoding.hf_target import HFTarget
 
     settings = architecture_config(name_or_path)
     family = settings.pop("model_type")

@@ -6,9 +6,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from hsd_cli.page import DocumentResult, Page
-from hsd_cli.records import Block, Grounding
-from hsd_cli.stats import counts_json, regions_json
+from hsd_cli.records.page import DocumentResult, Page
+from hsd_cli.records.kinds import Block, Grounding
+from hsd_cli.records.totals import counts_json, regions_json
 
 SCHEMA_NAME = "hsd.document"
 SCHEMA_VERSION = 2  # 2: page `notice`, text_source `model+draft`, no `model_output`

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsd_cli.records import DocStatus
+from hsd_cli.records.kinds import DocStatus
 
 STATE_DIR = ".hsd"
 

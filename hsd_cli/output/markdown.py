@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hsd_cli.page import DocumentResult, Page
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.page import DocumentResult, Page
+from hsd_cli.records.kinds import Block, BlockKind
 
 # Running heads, page numbers and footers are page furniture: kept in the JSON, not in the text.
 _FURNITURE = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from hsd_cli.config import ConvertConfig
-from hsd_cli.models.settings import settings_for
+from hsd_cli.models.family_settings import settings_for
 from hsd_cli.replay.card import model_card
 from hsd_cli.replay.dataset import DATA_DIR, Example, ReplayInputError, load_examples, load_image, pair_pages, prepare
 from hsd_cli.replay.evaluate import evaluate
@@ -135,7 +135,7 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
     examples = load_examples(data_dir)
     settings = settings_for(FAMILY)
     if request.resume and (model_dir / "tokenizer.json").is_file():
-        from hsd_cli.decoding.target.families import adapter_for
+        from hsd_cli.decoding.hf_target.families import adapter_for
 
         processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
     else:
@@ -177,7 +177,7 @@ def build_status(model_dir: Path) -> dict:
     examples greedy decoding would reproduce and how many it would open right (the first answer
     token picks which text follows: a model that cannot tell two images apart fails there),
     teacher-forced (one forward pass each, no decoding)."""
-    from hsd_cli.decoding.target.families import adapter_for
+    from hsd_cli.decoding.hf_target.families import adapter_for
 
     checkpoint = model_dir / CHECKPOINT_FILE
     if not checkpoint.is_file():

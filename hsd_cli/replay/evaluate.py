@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from hsd_cli.decoding import DecodeConfig, decode, decode_many, load_target
-from hsd_cli.models.settings import settings_for
+from hsd_cli.models.family_settings import settings_for
 from hsd_cli.replay.align import char_accuracy
 from hsd_cli.replay.dataset import DATA_DIR, load_examples, load_image
 from hsd_cli.stages.region import REGION_BATCH

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_tokenizer, offline_text, qwen25_vl_config, text_settings
 
 FAMILY = "qwen2_5_vl"

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.models.tiny import QWEN_TOKENS
 from hsd_cli.replay.model import (
     FAMILY,

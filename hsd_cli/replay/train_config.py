@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 
 def _cpu_computes_bf16() -> bool:
-    from hsd_cli.decoding.target.devices import cpu_computes_bf16
+    from hsd_cli.decoding.hf_target.devices import cpu_computes_bf16
 
     return cpu_computes_bf16()
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from hsd_cli.models.settings import ModelSettings
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.models.family_settings import ModelSettings
+from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.stages.draft.rtl import PERSIAN_LETTERS
-from hsd_cli.stages.draft.tables import html_table_cells, pipe_table, pipe_table_cells
+from hsd_cli.stages.draft.table_text import html_table_cells, pipe_table, pipe_table_cells
 from hsd_cli.stages.grounding import draft_tag
 
 # Running headers and footers are left out of page outputs, so they are no drafts at all.

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hsd_cli.records import Block, BlockKind, GroundedBlock, Grounding
+from hsd_cli.records.kinds import Block, BlockKind, GroundedBlock, Grounding
 
 
 @dataclass(frozen=True)

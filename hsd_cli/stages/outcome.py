@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from hsd_cli.page import Page, Reading
-from hsd_cli.records import Block, BlockKind, PageFlag
+from hsd_cli.records.page import Page, Reading
+from hsd_cli.records.kinds import Block, BlockKind, PageFlag
 
 # Page furniture is never in a reading, so it says nothing about where the reading stopped.
 _FURNITURE = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}

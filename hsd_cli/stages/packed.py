@@ -13,14 +13,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hsd_cli.decoding import DecodeRequest, make_proposer
-from hsd_cli.models.settings import ModelSettings
-from hsd_cli.page import Page, Reading
+from hsd_cli.models.family_settings import ModelSettings
+from hsd_cli.records.page import Page, Reading
 from hsd_cli.stages.dialect import page_drafts
-from hsd_cli.stages.page import page_stage
+from hsd_cli.stages.page_stage import page_stage
 from hsd_cli.stages.region import planned_crops, region_result
 
 if TYPE_CHECKING:
-    from hsd_cli.stages.vlm import VlmModel
+    from hsd_cli.serving.model import VlmModel
 
 # Region rows beside the page row; the blocks after them keep their pipeline drafts.
 PACKED_REGIONS = 15

@@ -34,9 +34,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hsd_cli.config import Stages
-from hsd_cli.page import Page, Plan, Way
+from hsd_cli.records.page import Page, Plan, Way
 from hsd_cli.profiles import Profile, square_side
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.stages.dialect import draft_plan
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pymupdf
 from PIL import Image, ImageFile, ImageSequence, UnidentifiedImageError
 
-from hsd_cli.page import Page
-from hsd_cli.records import DocStatus
+from hsd_cli.records.page import Page
+from hsd_cli.records.kinds import DocStatus
 
 pymupdf.TOOLS.mupdf_display_errors(False)  # MuPDF warnings go to our own messages, not stderr
 

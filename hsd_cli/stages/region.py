@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 from PIL import Image
 
 from hsd_cli.decoding import DecodeRequest, DecodeResult, make_proposer
-from hsd_cli.models.settings import ModelSettings
-from hsd_cli.page import Page
-from hsd_cli.records import Block
+from hsd_cli.models.family_settings import ModelSettings
+from hsd_cli.records.page import Page
+from hsd_cli.records.kinds import Block
 from hsd_cli.stages.dialect import block_drafts, draft_plan
 from hsd_cli.stages.grounding import split_grounding
 from hsd_cli.stages.rasterize import crop_block
-from hsd_cli.stats import RegionResult
+from hsd_cli.records.totals import RegionResult
 
 if TYPE_CHECKING:
-    from hsd_cli.stages.vlm import VlmModel
+    from hsd_cli.serving.model import VlmModel
 
 REGION_BATCH = 8  # crops decoded together (the planner prices the same batches)
 

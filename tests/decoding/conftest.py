@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hsd_cli.decoding.target import load_target
+from hsd_cli.decoding.hf_target import load_target
 from hsd_cli.models.tiny_families import TINY_FAMILIES, build_tiny_random
 
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
 from hsd_cli.bench.oracle import OracleTarget, simulate
-from hsd_cli.decoding.target import load_target
+from hsd_cli.decoding.hf_target import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.models.tiny_families import build_tiny_random

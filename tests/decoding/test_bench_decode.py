@@ -45,7 +45,7 @@ def test_the_generate_baseline_is_plain_greedy_whatever_the_checkpoint_sets(tmp_
 
     from hsd_cli.bench.decode import run_generate
     from hsd_cli.decoding import DecodeConfig, SamplingConfig, decode
-    from hsd_cli.decoding.target import load_target
+    from hsd_cli.decoding.hf_target import load_target
     from hsd_cli.models.tiny_families import build_tiny_random
 
     target = load_target(str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), device="cpu", dtype="float32")

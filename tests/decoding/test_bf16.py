@@ -53,7 +53,7 @@ def test_bf16_decoding_equals_generate_except_at_near_ties(bf16_target, page_ima
 def test_a_cpu_without_native_bf16_defaults_to_float32(monkeypatch):
     """Without AVX512-BF16 or AMX, torch multiplies bf16 in a reference kernel, many times slower
     than fp32: such a CPU gets fp32 unless the user asks for bf16."""
-    from hsd_cli.decoding.target import devices
+    from hsd_cli.decoding.hf_target import devices
 
     monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: False)
     assert devices.default_dtype("cpu") == "float32"

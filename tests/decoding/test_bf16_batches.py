@@ -23,7 +23,7 @@ so every token of every row is checked, not only those before the first flip.
 import pytest
 import torch
 
-from hsd_cli.decoding.target import HFTarget
+from hsd_cli.decoding.hf_target import HFTarget
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hsd_cli.decoding.target import cache
-from hsd_cli.decoding.target import HFTarget
+from hsd_cli.decoding.hf_target import cache
+from hsd_cli.decoding.hf_target import HFTarget
 from hsd_cli.decoding.tree import TokenTree, batch_trees
 
 from .test_exactness import SAME_LOGITS, full_forward_logits

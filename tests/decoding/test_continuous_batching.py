@@ -10,7 +10,7 @@ import torch
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch, decode_stream
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.sizing import LoadSizer
-from hsd_cli.decoding.target import HFTarget
+from hsd_cli.decoding.hf_target import HFTarget
 from hsd_cli.decoding.tree import batch_trees
 
 from .test_cache_logits import PROMPTS, path_tokens, step_tree

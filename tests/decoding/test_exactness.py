@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hsd_cli.decoding.target import cache
-from hsd_cli.decoding.target import HFTarget
+from hsd_cli.decoding.hf_target import cache
+from hsd_cli.decoding.hf_target import HFTarget
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig
 from hsd_cli.decoding.tree import TokenTree, batch_trees
@@ -113,7 +113,7 @@ def test_the_repetition_guard_stops_where_generate_with_it_stops(tmp_path, page_
     """`--baseline` can run transformers' generate with hsd's guard as a stopping criterion: both
     stop on the same token, also when the loop closes inside one accepted chunk of a draft. A
     model whose output head is zeroed repeats one token (every logit ties; argmax takes the first)."""
-    from hsd_cli.decoding.target import load_target
+    from hsd_cli.decoding.hf_target import load_target
     from hsd_cli.decoding.repetition import REPETITION_SPAN
     from hsd_cli.models.tiny_families import build_tiny_random
 

@@ -1,9 +1,9 @@
 """A model's footprint, known without its weights, against the loaded model: what the default
-rows in flight (stages.rows) budget a device's memory with."""
+rows in flight (serving.rows) budget a device's memory with."""
 
 import torch
 
-from hsd_cli.decoding.target.footprint import kv_bytes_per_token, model_footprint
+from hsd_cli.decoding.hf_target.footprint import kv_bytes_per_token, model_footprint
 
 
 def test_the_weights_bytes_are_the_loaded_models(tiny_target):

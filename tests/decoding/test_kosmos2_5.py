@@ -4,7 +4,7 @@ without an image not mixed. (Its decoding is under every exactness test with the
 
 import pytest
 
-from hsd_cli.decoding.target import load_target
+from hsd_cli.decoding.hf_target import load_target
 from hsd_cli.models.tiny_families import build_tiny_random
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from hsd_cli.decoding import loop
-from hsd_cli.decoding.target import load_target
+from hsd_cli.decoding.hf_target import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, decode_many
 from hsd_cli.decoding.repetition import REPETITION_SPAN
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer

@@ -40,15 +40,15 @@ def test_decoding_imports_nothing_else_from_the_package():
 
 def test_the_check_sees_absolute_and_relative_imports_that_leave():
     module = f"{PACKAGE}.loop"
-    leaving = "from hsd_cli.models.tiny import build_tiny_random\nfrom ..stages import vlm\nimport hsd_cli.pipeline\nfrom .. import cli\n"
-    assert outside_imports(leaving, module) == ["hsd_cli.models.tiny", "hsd_cli.stages", "hsd_cli.pipeline", "hsd_cli"]
+    leaving = "from hsd_cli.models.tiny import build_tiny_random\nfrom ..stages import vlm\nimport hsd_cli.document.pipeline\nfrom .. import cli\n"
+    assert outside_imports(leaving, module) == ["hsd_cli.models.tiny", "hsd_cli.stages", "hsd_cli.document.pipeline", "hsd_cli"]
     staying = "from .tree import TokenTree\nfrom hsd_cli.decoding.verify import keyed_sample\nimport torch\n"
     assert outside_imports(staying, module) == []
 
 
 def test_only_the_target_package_imports_transformers():
     """Proposers, trees, verification and the loop are plain data and tensors; everything that
-    knows transformers (families, the cache, generate) is in `hsd_cli.decoding.target`."""
+    knows transformers (families, the cache, generate) is in `hsd_cli.decoding.hf_target`."""
     root = Path(hsd_cli.decoding.__file__).parent
     knowing = set()
     for path in sorted(root.rglob("*.py")):
@@ -56,4 +56,4 @@ def test_only_the_target_package_imports_transformers():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
             if any(name and name.split(".")[0] == "transformers" for name in names):
                 knowing.add(path.relative_to(root).parts[0])
-    assert knowing == {"target"}
+    assert knowing == {"hf_target"}

@@ -6,7 +6,7 @@ import re
 import pytest
 from transformers import CONFIG_MAPPING
 
-from hsd_cli.decoding.target.families import ADAPTERS, REFUSED, UnsupportedFamilyError, adapter_for
+from hsd_cli.decoding.hf_target.families import ADAPTERS, REFUSED, UnsupportedFamilyError, adapter_for
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSED))

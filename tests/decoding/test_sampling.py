@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hsd_cli.decoding.target import HFTarget, load_target
+from hsd_cli.decoding.hf_target import HFTarget, load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.tree import TokenTree

@@ -8,15 +8,15 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from hsd_cli.decoding.target.cache import SUPPORTED_TRANSFORMERS, UnsupportedTransformersError, cache_layout_problem
-from hsd_cli.decoding.target import load_target
+from hsd_cli.decoding.hf_target.cache import SUPPORTED_TRANSFORMERS, UnsupportedTransformersError, cache_layout_problem
+from hsd_cli.decoding.hf_target import load_target
 from tests.conftest import run_hsd
 
 
 def test_installed_transformers_keeps_the_cache_layout_the_adapter_edits():
     problem = cache_layout_problem()
     assert problem is None, (
-        f"{problem}. hsd_cli/decoding/target/cache.py is tested with transformers{SUPPORTED_TRANSFORMERS} only: "
+        f"{problem}. hsd_cli/decoding/hf_target/cache.py is tested with transformers{SUPPORTED_TRANSFORMERS} only: "
         "adapt its cache edits to this version, then widen SUPPORTED_TRANSFORMERS and the pin in pyproject.toml"
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hsd_cli.eval.icdar import normalise_content, prf, relations, score_document
-from hsd_cli.eval.tables import Cell, Table, find_tables, html_table, remove_tables
+from hsd_cli.eval.table_grids import Cell, Table, find_tables, html_table, remove_tables
 
 GRID = "<table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>d</td></tr></table>"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from hsd_cli.page import Page
+from hsd_cli.records.page import Page
 from hsd_cli.replay.align import char_accuracy, edit_distance, locate
 from hsd_cli.replay.dataset import load_examples, pair_pages, prepare, region_target
 from hsd_cli.stages.rasterize import crop_block

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_tokenizer
 from hsd_cli.replay import replay_app
 from hsd_cli.replay.build import _encoded

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.models.tiny_families.recipe import TinyRecipe
 from hsd_cli.models.tiny_tokens import TinyTokens
 

@@ -3,7 +3,7 @@ GLM-OCR): a vision tower of two 32-wide layers over the shared two-layer text mo
 
 from __future__ import annotations
 
-from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.models.tiny import qwen25_vl_config
 from hsd_cli.models.tiny_families.recipe import TinyRecipe
 from hsd_cli.models.tiny_tokens import GLM_OCR_TOKENS, HUNYUAN_TOKENS, PADDLE_TOKENS

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hsd_cli.decoding.target.families import adapter_for, got_ocr2_image_tokens
+from hsd_cli.decoding.hf_target.families import adapter_for, got_ocr2_image_tokens
 from hsd_cli.models.tiny_families.recipe import TinyRecipe
 from hsd_cli.models.tiny_tokens import GOT_OCR2_TOKENS, IDEFICS3_TOKENS, LIGHTON_OCR_TOKENS, QIANFAN_OCR_TOKENS
 

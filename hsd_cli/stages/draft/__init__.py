@@ -12,13 +12,13 @@ import pymupdf
 from pymupdf4llm.helpers.utils import analyze_page
 
 from hsd_cli.config import ConvertConfig, DraftBackendName
-from hsd_cli.page import Page
-from hsd_cli.records import Block
+from hsd_cli.records.page import Page
+from hsd_cli.records.kinds import Block
 from hsd_cli.stages.draft.layout import MAX_LAYOUT_DRAWINGS, drawings_beyond_layout
 from hsd_cli.stages.draft.ocr import OcrDraft, RenderingOcr
 from hsd_cli.stages.draft.paddle import PaddleDraft, PaddleJsonDraft
 from hsd_cli.stages.draft.pdf_text import PdfTextDraft
-from hsd_cli.stages.draft.tables import plausible_table_block
+from hsd_cli.stages.draft.table_text import plausible_table_block
 from hsd_cli.stages.outcome import drafted_page
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pymupdf
 
-from hsd_cli.records import BBox, Block, BlockKind
-from hsd_cli.stages.draft.tables import table_block_text
+from hsd_cli.records.kinds import BBox, Block, BlockKind
+from hsd_cli.stages.draft.table_text import table_block_text
 
 with contextlib.redirect_stdout(io.StringIO()):  # pymupdf4llm prints notices on import
     from pymupdf4llm.helpers import document_layout

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import pymupdf
 
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.stages.draft.layout import repair_text_layer
 
 # Font names (after a subset prefix "ABCDEF+") whose glyphs are math.

@@ -10,7 +10,7 @@ import numpy as np
 import pymupdf
 from pymupdf4llm.ocr.exec_ocr_interface import exec_ocr_full
 
-from hsd_cli.records import BBox, Block
+from hsd_cli.records.kinds import BBox, Block
 from hsd_cli.stages.draft.layout import layout_blocks
 from hsd_cli.stages.rasterize import render_scale
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pymupdf
 
-from hsd_cli.records import Block, BlockKind
-from hsd_cli.stages.draft.tables import table_block_text
+from hsd_cli.records.kinds import Block, BlockKind
+from hsd_cli.stages.draft.table_text import table_block_text
 
 _KINDS = {
     "doc_title": BlockKind.TITLE,

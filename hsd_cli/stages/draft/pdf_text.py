@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pymupdf
 
-from hsd_cli.records import Block
+from hsd_cli.records.kinds import Block
 from hsd_cli.stages.draft.layout import layout_blocks
 from hsd_cli.stages.draft.math import with_math
 from hsd_cli.stages.draft.ocr import RenderingOcr

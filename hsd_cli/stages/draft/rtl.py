@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pymupdf
 
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.kinds import Block, BlockKind
 
 # A block is right-to-left when most of its letters are.
 RTL_SHARE = 0.5

@@ -26,25 +26,25 @@ from typing import TYPE_CHECKING, Any
 import pymupdf
 
 from hsd_cli.config import ConvertConfig, ImageMode, Stages, document_parts, select_pages
-from hsd_cli.draft_processes import DraftProcesses, default_draft_processes, shared_draft_processes, threads_per_process
-from hsd_cli.inputs import InputDocument
+from hsd_cli.batch.draft_processes import DraftProcesses, default_draft_processes, shared_draft_processes, threads_per_process
+from hsd_cli.batch.inputs import InputDocument
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
-from hsd_cli.page import DocumentResult, Page, Plan, Reading, Way
-from hsd_cli.pipeline_lock import released
-from hsd_cli.records import Block, BlockKind, DocStatus, PageFlag
+from hsd_cli.records.page import DocumentResult, Page, Plan, Reading, Way
+from hsd_cli.serving.pipeline_lock import released
+from hsd_cli.records.kinds import Block, BlockKind, DocStatus, PageFlag
 from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, draft_page, exception_line, make_draft_backend
 from hsd_cli.stages.draft.ocr import use_threads
 from hsd_cli.stages.outcome import LOST_PAGE_WHY, TIMED_OUT_WHY, draft_standing_in, failed_page, model_reading
 from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, picture_side, plan_page
 from hsd_cli.stages.rasterize import DocumentError, crop_block, open_document, render_page
-from hsd_cli.stats import DecodingTotals
-from hsd_cli.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
+from hsd_cli.records.totals import DecodingTotals
+from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask, output_config, vlm_options
 
 if TYPE_CHECKING:
-    from hsd_cli.stages.vlm import VlmModel
+    from hsd_cli.serving.model import VlmModel
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed
 
@@ -125,7 +125,7 @@ def read_stage(page: Page, model: VlmModel, so_far: DocumentSoFar) -> Reading | 
     drafts (packed: both in the same forwards), or plain decoding. Drafts follow the dialect of the
     document's model outputs so far."""
     from hsd_cli.stages.packed import packed_stage
-    from hsd_cli.stages.page import page_stage, plain_page_stage
+    from hsd_cli.stages.page_stage import page_stage, plain_page_stage
     from hsd_cli.stages.region import region_stage
 
     plan = page.plan
@@ -157,8 +157,8 @@ def vlm_stage(
     """The page planned and read by the model, with the --baseline reading where asked for; the
     draft, flagged, where the planner predicts the page would not finish within `time_limit_s`,
     or where the reading ran past `deadline` (time.monotonic())."""
-    from hsd_cli.stages.page import baseline_check
-    from hsd_cli.stages.vlm import PageTimedOut
+    from hsd_cli.stages.page_stage import baseline_check
+    from hsd_cli.serving.model import PageTimedOut
 
     started = time.perf_counter()
     page = replace(drafted, plan=plan_stage(drafted, model, stages, so_far, time_limit_s))
@@ -285,7 +285,7 @@ def _vlm_model(task: DocumentTask) -> VlmModel | None:
     options = vlm_options(task.config, task.reads_page, task.max_rows, task.sizing)
     if options is None:
         return None
-    from hsd_cli.stages.vlm import VlmModel
+    from hsd_cli.serving.model import VlmModel
 
     return VlmModel.shared(options)
 

@@ -8,7 +8,7 @@ import re
 from dataclasses import replace
 
 from hsd_cli.html_tables import read_html_table
-from hsd_cli.records import Block, BlockKind
+from hsd_cli.records.kinds import Block, BlockKind
 
 # A cell of this many words is a sentence, not a table entry.
 SENTENCE_WORDS = 10

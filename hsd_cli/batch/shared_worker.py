@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hsd_cli.tasks import DocumentTask
-from hsd_cli.worker import CRASHED_ELSEWHERE, DOCUMENT_STATES, RESTARTED, WORKER_ERROR
+from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.batch.worker import CRASHED_ELSEWHERE, DOCUMENT_STATES, RESTARTED, WORKER_ERROR
 
 Event = tuple[int, str, Any]  # (channel, name, payload), as a worker sends it
 

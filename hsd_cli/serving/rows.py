@@ -25,7 +25,7 @@ from pathlib import Path
 from PIL import Image
 
 from hsd_cli.config import most_parts, select_pages
-from hsd_cli.stages.vlm import VlmOptions
+from hsd_cli.serving.model import VlmOptions
 
 GIB = 1 << 30
 MAX_DEFAULT_ROWS = 256  # vLLM's default max_num_seqs
@@ -63,13 +63,13 @@ def default_rows(options: VlmOptions, dpi: int, max_pixels: int) -> RowsChoice:
     """The rows a run with this model and render size keeps in flight by default."""
     from transformers import AutoConfig
 
-    from hsd_cli.decoding.target.devices import default_device, default_dtype
-    from hsd_cli.decoding.target.footprint import (
+    from hsd_cli.decoding.hf_target.devices import default_device, default_dtype
+    from hsd_cli.decoding.hf_target.footprint import (
         device_memory,
         model_footprint,
         prompt_tokens,
     )
-    from hsd_cli.models.settings import settings_for
+    from hsd_cli.models.family_settings import settings_for
     from hsd_cli.processes import available_memory
     from hsd_cli.stages.rasterize import render_scale
 

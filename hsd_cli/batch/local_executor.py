@@ -13,11 +13,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from hsd_cli.draft_processes import stop_draft_processes
+from hsd_cli.batch.draft_processes import stop_draft_processes
 from hsd_cli.processes import SPAWN, die_with_parent
-from hsd_cli.shared_worker import Event, SharedWorker, SharedWorkers
-from hsd_cli.tasks import DocumentTask
-from hsd_cli.worker import DocumentThreads
+from hsd_cli.batch.shared_worker import Event, SharedWorker, SharedWorkers
+from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.batch.worker import DocumentThreads
 
 
 def _worker_main(tasks: Any, events: Any) -> None:

@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hsd_cli.config import ConvertConfig, Sizing, Stages
-from hsd_cli.inputs import InputDocument, OutputPaths
+from hsd_cli.batch.inputs import InputDocument, OutputPaths
 from hsd_cli.output.json_doc import SCHEMA_VERSION
-from hsd_cli.records import DocStatus
-from hsd_cli.stats import DecodingTotals
+from hsd_cli.records.kinds import DocStatus
+from hsd_cli.records.totals import DecodingTotals
 
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hsd_cli.stages.vlm import VlmOptions
+    from hsd_cli.serving.model import VlmOptions
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def vlm_options(
 ) -> VlmOptions | None:
     if not runs_model(config):
         return None
-    from hsd_cli.stages.vlm import VlmOptions  # imports torch: only when a VLM will run
+    from hsd_cli.serving.model import VlmOptions  # imports torch: only when a VLM will run
 
     return VlmOptions(
         model=config.model,

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from hsd_cli.pipeline_lock import holding
-from hsd_cli.records import DocStatus
-from hsd_cli.tasks import DocumentOutcome, DocumentTask
+from hsd_cli.serving.pipeline_lock import holding
+from hsd_cli.records.kinds import DocStatus
+from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask
 
 
 def _reset_peak_rss() -> None:
@@ -57,7 +57,7 @@ def run_document(task: DocumentTask, emit: Callable[[str, Any], None], alone: bo
     if not alone:
         emit("doc_waiting", {})
     # Imported here, in the worker only: the models and their libraries stay out of the parent.
-    from hsd_cli.pipeline import process_document
+    from hsd_cli.document.pipeline import process_document
 
     with holding(lambda state: emit(f"doc_{state}", {}), waiting=not alone):
         if alone:

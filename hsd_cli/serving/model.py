@@ -15,10 +15,10 @@ from hsd_cli.decoding import (
     DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, ReadSizers, UnsupportedTransformersError, check_cache_layout, decode_batch,
     load_target, make_proposer,
 )
-from hsd_cli.decoding.target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.config import Sizing
-from hsd_cli.models.settings import ModelSettings, model_type_of, settings_for
-from hsd_cli.pipeline_lock import released, waited_s
+from hsd_cli.models.family_settings import ModelSettings, model_type_of, settings_for
+from hsd_cli.serving.pipeline_lock import released, waited_s
 from hsd_cli.profiles import Profile, load_profile, profile_name, square_side
 
 

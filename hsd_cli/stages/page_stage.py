@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from hsd_cli.decoding import DecodeResult, DecodeStats, decode_result, repetition_stop
-from hsd_cli.models.settings import ModelSettings
-from hsd_cli.page import Reading
+from hsd_cli.models.family_settings import ModelSettings
+from hsd_cli.records.page import Reading
 from hsd_cli.stages.dialect import DIALECT_KEYS, split_front_matter
 from hsd_cli.stages.grounding import split_grounding
-from hsd_cli.stats import BaselineCheck
+from hsd_cli.records.totals import BaselineCheck
 
 if TYPE_CHECKING:
-    from hsd_cli.stages.vlm import VlmModel
+    from hsd_cli.serving.model import VlmModel
 
 # A page whose front matter says it is rotated is turned by the model's correction and read again,
 # as olmOCR does (its pipeline turns the image with these transposes, up to 8 reads; hsd: 4).

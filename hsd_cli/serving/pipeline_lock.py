@@ -8,7 +8,7 @@ calls `released()` around its waits for the batching engine, so that another doc
 drafts or writes meanwhile and the model's forwards gather the rows of several documents. Without
 a model nothing releases the lock, and the documents of a process run one after another.
 
-Nothing of hsd_cli is imported here: the stages (`stages/vlm.py`) import `released`.
+Nothing of hsd_cli is imported here: the stages (`serving/model.py`) import `released`.
 """
 
 from __future__ import annotations

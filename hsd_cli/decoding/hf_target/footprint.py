@@ -1,7 +1,7 @@
 """What a model takes on its device, known without loading its weights: the weights' bytes (the
 model built on the meta device), the KV cache's bytes per token of a row (from its text config, in
 the layout cache.py keeps: every layer's keys and values, per key-value head), the tokens of a
-prompt (its processor), and the device's memory. `stages.rows` budgets rows in flight with them."""
+prompt (its processor), and the device's memory. `serving.rows` budgets rows in flight with them."""
 
 from __future__ import annotations
 

@@ -23,20 +23,20 @@ from rich.table import Table
 
 from hsd_cli import __version__
 from hsd_cli.config import MIN_PART_PAGES, ConvertConfig, Executor, RunConfig, parse_shard
-from hsd_cli.inputs import InputDocument, OutputPaths, assign_outputs, discover
-from hsd_cli.local_executor import LocalExecutor
+from hsd_cli.batch.inputs import InputDocument, OutputPaths, assign_outputs, discover
+from hsd_cli.batch.local_executor import LocalExecutor
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model
-from hsd_cli.records import DocStatus
-from hsd_cli.stats import DecodingTotals
-from hsd_cli.worker import Limits, ProgressSink, WorkerPool, peak_rss_mib
+from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model
+from hsd_cli.records.kinds import DocStatus
+from hsd_cli.records.totals import DecodingTotals
+from hsd_cli.batch.worker import Limits, ProgressSink, WorkerPool, peak_rss_mib
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from PIL import Image
 
-    from hsd_cli.ray_executor import RayExecutor
+    from hsd_cli.batch.ray_executor import RayExecutor
 
 
 class ExitCode(IntEnum):
@@ -216,21 +216,21 @@ def documents_per_process(config: ConvertConfig, run: RunConfig) -> int:
 
 
 def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, documents: list[InputDocument]) -> int:
-    """--max-rows where it is not given: as many rows as the model's device holds (stages.rows:
-    one on the CPU), and no more than the run's `documents` split into (stages.rows.run_parts:
+    """--max-rows where it is not given: as many rows as the model's device holds (serving.rows:
+    one on the CPU), and no more than the run's `documents` split into (serving.rows.run_parts:
     this shard's, those done included, so that a resumed run chooses alike; a long document
     splits into parts of at least MIN_PART_PAGES pages), said on stderr. Per-page sizing prices
     every read at these rows: a run of one short document reads with whole trees, as `generate`'s
     rival, not as one row of a full batch. One without a model, or on Ray (the driver does not see
     the actors' devices: --max-rows N sets the rows of each actor). A budget that cannot be worked
     out is warned of and gives one row."""
-    from hsd_cli.tasks import vlm_options
+    from hsd_cli.batch.tasks import vlm_options
 
     options = vlm_options(config)
     if options is None or run.executor is not Executor.LOCAL or not documents:
         return 1
     # Imports torch (and PyMuPDF to count pages on a GPU): only when a VLM will run.
-    from hsd_cli.stages.rows import default_rows, run_parts
+    from hsd_cli.serving.rows import default_rows, run_parts
 
     try:
         choice = default_rows(options, config.dpi, config.max_pixels)
@@ -264,7 +264,7 @@ def drafting_processes(config: ConvertConfig, run: RunConfig) -> int | None:
 def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayExecutor:
     if run.executor is Executor.LOCAL:
         return LocalExecutor(documents_in_flight(config, run), documents_per_process(config, run))
-    from hsd_cli.ray_executor import RayExecutor  # imports ray: only when asked for
+    from hsd_cli.batch.ray_executor import RayExecutor  # imports ray: only when asked for
 
     return RayExecutor.connect(
         run.ray_address, run.gpus_per_worker, config.output_dir,

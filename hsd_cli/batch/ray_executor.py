@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hsd_cli.output.manifest import STATE_DIR
-from hsd_cli.shared_worker import Event, SharedWorker, SharedWorkers, WorkerChannel
-from hsd_cli.tasks import DocumentTask
-from hsd_cli.worker import (
+from hsd_cli.batch.shared_worker import Event, SharedWorker, SharedWorkers, WorkerChannel
+from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.batch.worker import (
     WORKER_ERROR,
     DocumentThreads,
     ExecutorUnavailableError,

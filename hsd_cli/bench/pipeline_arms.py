@@ -32,14 +32,14 @@ import typer
 
 from hsd_cli.config import ConvertConfig, Stages
 from hsd_cli.decoding.stats import speedup, tau
-from hsd_cli.inputs import InputDocument, discover
+from hsd_cli.batch.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
     from hsd_cli.decoding.stats import DecodeStats
-    from hsd_cli.page import Page, Reading
-    from hsd_cli.pipeline import DocumentSoFar
+    from hsd_cli.records.page import Page, Reading
+    from hsd_cli.document.pipeline import DocumentSoFar
     from hsd_cli.profiles import Profile
-    from hsd_cli.stages.vlm import VlmModel
+    from hsd_cli.serving.model import VlmModel
 
 ARMS = ("ar", "page", "region-page", "packed", "auto")
 SPECULATIVE_ARMS = {"page": Stages.PAGE, "region-page": Stages.REGION_PAGE, "packed": Stages.PACKED, "auto": Stages.AUTO}
@@ -121,8 +121,8 @@ def projected_s(profile: Profile, reading: Reading, picture_side: int, crop_side
 
 def run_arm(arm: str, model: VlmModel, drafted: Page, so_far: DocumentSoFar) -> tuple[Page, float]:
     """The page planned and read as `arm` reads it (`ar`: plainly), and the seconds its model work took."""
-    from hsd_cli.page import Plan, Way
-    from hsd_cli.pipeline import plan_stage, read_stage
+    from hsd_cli.records.page import Plan, Way
+    from hsd_cli.document.pipeline import plan_stage, read_stage
 
     started = perf_counter()
     plan = Plan(Way.PLAIN) if arm == "ar" else plan_stage(drafted, model, SPECULATIVE_ARMS[arm], so_far)
@@ -136,7 +136,7 @@ def bench_pages(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """Every page of `documents` through every arm; totals per page kind and arm."""
-    from hsd_cli.pipeline import DocumentSoFar, draft_stage
+    from hsd_cli.document.pipeline import DocumentSoFar, draft_stage
     from hsd_cli.stages.draft import make_draft_backend
     from hsd_cli.stages.planner import crop_side, page_kind, picture_side
     from hsd_cli.stages.rasterize import DocumentError, open_document
@@ -233,7 +233,7 @@ def pipeline(
     import torch
 
     from hsd_cli.bench.loading import bench_model, bench_model_path
-    from hsd_cli.stages.vlm import VlmOptions
+    from hsd_cli.serving.model import VlmOptions
 
     options = VlmOptions(
         model=bench_model_path(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens,

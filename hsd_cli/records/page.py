@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from hsd_cli.records import Block, Grounding, PageFlag
-from hsd_cli.stats import BaselineCheck, DecodingTotals, RegionResult
+from hsd_cli.records.kinds import Block, Grounding, PageFlag
+from hsd_cli.records.totals import BaselineCheck, DecodingTotals, RegionResult
 
 if TYPE_CHECKING:  # the decoding package imports torch, which draft-only workers never load
     from hsd_cli.decoding import DecodeResult, DecodeStats

@@ -1,0 +1,1 @@
+"""A run over many documents: discovery, tasks, workers and executors, resume, exit codes."""

@@ -1,0 +1,1 @@
+"""The records the stages share: block and status words, the page record, decoding totals."""

@@ -1,0 +1,1 @@
+"""The model runtime: loading, the batching engine, page deadlines, the rows budget."""
