@@ -208,8 +208,8 @@ def convert(
 ) -> None:
     """Convert documents to Markdown and JSON."""
     from hsd_cli.output.manifest import OutputLockedError
-    from hsd_cli.batch.tasks import vlm_options
-    from hsd_cli.batch.runner import EventLog, ExitCode, Reporter, read_files_from, run_convert
+    from hsd_cli.batch.reporting import EventLog, Reporter
+    from hsd_cli.batch.runner import ExitCode, read_files_from, run_convert
     from hsd_cli.batch.worker import ExecutorUnavailableError
 
     console = Console(stderr=True)
@@ -279,18 +279,18 @@ def convert(
         except ReplayModelNotBuilt as exc:
             reporter.error(str(exc))
             raise typer.Exit(ExitCode.ENVIRONMENT) from None
-    options = vlm_options(convert_config)
-    reads_page = None
-    if options is not None:
-        if problem := _model_directory_problem(options.model):
+    model_config = None
+    if convert_config.runs_model:
+        if problem := _model_directory_problem(convert_config.model):
             reporter.error(problem, "give a local model directory, or a hub id that is in the HF cache")
             raise typer.Exit(ExitCode.ENVIRONMENT)
         from hsd_cli.decoding.hf_target.families import UnsupportedFamilyError
+        from hsd_cli.replay.reader import reader_wrapper  # a benchmark stand-in flags the pages it was not built on
+        from hsd_cli.serving.resolve import ModelUnavailableError, resolve_model
         from hsd_cli.settings_files import SettingsFileError
-        from hsd_cli.serving.model import ModelUnavailableError, preflight
 
         try:
-            family = preflight(options)
+            model_config = resolve_model(convert_config, reader_wrapper(convert_config.model))
         except ModelUnavailableError as exc:
             reporter.error(str(exc), exc.hint)
             raise typer.Exit(ExitCode.ENVIRONMENT) from None
@@ -301,10 +301,7 @@ def convert(
             reporter.error(str(exc), "fix or remove it; `hsd models` shows which settings file each family uses")
             raise typer.Exit(ExitCode.USAGE) from None
         if not quiet:
-            console.print(f"VLM: {model} ({family}), stages {stages.value}", highlight=False)
-        from hsd_cli.replay import replay_pages  # a benchmark stand-in reads only its own pages
-
-        reads_page = replay_pages(options.model)
+            console.print(f"VLM: {model} ({model_config.family}), stages {stages.value}", highlight=False)
 
     try:
         event_stream = sys.stdout if events == "-" else open(events, "a", encoding="utf-8") if events else None
@@ -312,7 +309,7 @@ def convert(
         raise usage(f"cannot write --events {events}: {exc.strerror}") from None
     try:
         code, summary = run_convert(
-            list(inputs or []), convert_config, run_config, reporter, EventLog(event_stream), listed, reads_page
+            list(inputs or []), convert_config, run_config, reporter, EventLog(event_stream), listed, model_config
         )
     except OutputLockedError as exc:
         reporter.error(str(exc), "wait for it to finish, or use another -o")
@@ -347,7 +344,8 @@ def models(
         settings_files,
         user_dir,
     )
-    from hsd_cli.batch.runner import ExitCode, Reporter
+    from hsd_cli.batch.reporting import Reporter
+    from hsd_cli.batch.runner import ExitCode
     from hsd_cli.settings_files import SettingsFileError
 
     families = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
 
@@ -93,6 +93,71 @@ class ConvertConfig:
             raise UsageError(f"--max-pixels must be at least {64 * 64}, got {self.max_pixels}")
         if self.pages is not None:
             parse_page_ranges(self.pages)  # validate early: a typo is a usage error, not N failures
+
+    @property
+    def document(self) -> DocumentConfig:
+        return DocumentConfig(**{f.name: getattr(self, f.name) for f in fields(DocumentConfig)})
+
+    @property
+    def runs_model(self) -> bool:
+        """Whether a VLM reads the pages (a model named, and stages beyond the draft)."""
+        return self.model is not None and self.stages is not Stages.DRAFT
+
+
+@dataclass(frozen=True)
+class DocumentConfig:
+    """How a document's pages are chosen, rendered, drafted and written: the convert options that
+    need nothing resolved (ConvertConfig.document)."""
+
+    pages: str | None = None  # None: every page
+    dpi: int = 150
+    max_pixels: int = 4_194_304
+    draft_backend: DraftBackendName = DraftBackendName.AUTO
+    draft_json_dir: Path | None = None
+    images: ImageMode = ImageMode.REF
+    page_markers: bool = False
+    password: str | None = None
+    stages: Stages = Stages.AUTO
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What is read, resolved once in the parent before any worker starts
+    (serving.resolve.resolve_model): every field is the value the workers use."""
+
+    model: str  # a local directory or a hub id in the HF cache
+    family: str  # its model_type
+    device: str  # cpu, cuda, cuda:N or mps
+    dtype: str  # float32, bfloat16 or float16
+    trust_remote_code: bool
+    max_new_tokens: int
+    baseline: bool  # also decode plainly, to measure the speedup
+    profile: str | None  # the cost profile plans and tree sizes are priced on; None: there is none
+    # "module:callable" that wraps the model's reader (a benchmark stand-in flags the pages it was
+    # not built on); the worker imports it by name, so the product never imports the stand-ins.
+    reader_wrapper: str | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How the run is scheduled, resolved once in the parent (batch.resolve.resolve_schedule)."""
+
+    rows: int  # rows the model keeps in flight: documents (or parts) a worker converts at once
+    sizing: Sizing
+    draft_workers: int  # processes drafting pages ahead in a worker (0: the worker drafts)
+    page_timeout: float  # 0: no limit
+    doc_timeout: float  # 0: no limit
+    max_page_error_rate: float
+    docs_per_worker: int  # documents a worker serves before it is replaced
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A run's options as the workers get them, whole: nothing downstream sets a default."""
+
+    document: DocumentConfig
+    model: ModelConfig | None  # None: no model reads the pages
+    schedule: ScheduleConfig
 
 
 _RANGE = re.compile(r"^\s*(\d+)?\s*(-)?\s*(\d+)?\s*$")

@@ -205,3 +205,19 @@ def half_node_profile(path: Path) -> Path:
     prefills = (PrefillCost(100, 10, 0.05), PrefillCost(4000, 10, 0.05))
     path.write_text(json.dumps(Profile("half-node", "m", "d", "float32", "measured", forwards, prefills).to_json()))
     return path
+
+
+def model_config(model: Path | str, **options):
+    """The ModelConfig `hsd convert --model MODEL` with these options resolves to."""
+    from hsd_cli.config import ConvertConfig
+    from hsd_cli.serving.resolve import resolve_model
+
+    return resolve_model(ConvertConfig(output_dir=Path("."), model=str(model), **options))
+
+
+def resolved(config, model=None, run=None):
+    """The ResolvedConfig a task of a run with these options carries (`model`: a ModelConfig)."""
+    from hsd_cli.batch.resolve import resolve_schedule
+    from hsd_cli.config import ResolvedConfig, RunConfig
+
+    return ResolvedConfig(config.document, model, resolve_schedule(config, model, run or RunConfig(), None, []))

@@ -4,6 +4,18 @@ import pytest
 
 from hsd_cli.config import ConvertConfig, DraftBackendName, ImageMode, Stages, UsageError, parse_page_ranges, select_pages
 from hsd_cli.batch.tasks import OUTPUT_NEUTRAL_FIELDS, config_hash, output_config
+from hsd_cli.config import ModelConfig, ResolvedConfig, ScheduleConfig, Sizing
+
+
+def _resolved(config: ConvertConfig, page_timeout: float) -> ResolvedConfig:
+    """`config` as the parent would resolve it for a model of family qwen2_5_vl on the CPU."""
+    model = None
+    if config.runs_model:
+        model = ModelConfig(
+            config.model, "qwen2_5_vl", config.device or "cpu", config.dtype or "float32", config.trust_remote_code,
+            config.max_new_tokens or 4096, config.baseline, config.profile,
+        )
+    return ResolvedConfig(config.document, model, ScheduleConfig(1, Sizing.PAGE, 0, page_timeout, 0.0, 0.2, 50))
 
 
 def test_page_ranges_parse_singles_spans_and_open_ends():
@@ -32,7 +44,7 @@ def _a_different_value(name, value, tmp_path):
     others = {
         "pages": "2", "dpi": 200, "max_pixels": 2_000_000, "draft_backend": DraftBackendName.OCR,
         "draft_json_dir": tmp_path / "drafts", "images": ImageMode.NONE, "page_markers": True,
-        "stages": Stages.PAGE, "model": "another/model", "device": "cpu", "dtype": "float32",
+        "stages": Stages.PAGE, "model": "another/model", "device": "cuda", "dtype": "bfloat16",
         "max_new_tokens": 100, "baseline": True, "profile": "h100",
     }
     assert others[name] != value, name
@@ -43,20 +55,20 @@ def test_every_option_that_can_change_output_bytes_is_hashed_and_in_the_json_con
     """A new ConvertConfig field must be hashed for resume (and shown in the JSON's `config`) or be
     declared output-neutral; this test fails on one that is neither."""
     base = ConvertConfig(output_dir=tmp_path, model="some/model")
-    shown = output_config(base, page_timeout=600.0)
+    shown = output_config(_resolved(base, 600.0))
     for field in fields(ConvertConfig):
         if field.name in OUTPUT_NEUTRAL_FIELDS:
             assert field.name not in shown
             continue
         assert field.name in shown, f"{field.name}: neither hashed nor declared output-neutral"
         changed = replace(base, **{field.name: _a_different_value(field.name, getattr(base, field.name), tmp_path)})
-        assert config_hash(changed, 600.0) != config_hash(base, 600.0), field.name
+        assert config_hash(_resolved(changed, 600.0)) != config_hash(_resolved(base, 600.0)), field.name
 
 
 def test_the_page_timeout_is_hashed_where_the_planner_can_leave_a_page_to_its_draft(tmp_path):
     planned = ConvertConfig(output_dir=tmp_path, model="some/model")  # --stages auto
-    assert config_hash(planned, 600.0) != config_hash(planned, 60.0)
-    assert output_config(planned, 60.0)["page_timeout"] == 60.0
+    assert config_hash(_resolved(planned, 600.0)) != config_hash(_resolved(planned, 60.0))
+    assert output_config(_resolved(planned, 60.0))["page_timeout"] == 60.0
     for unplanned in (ConvertConfig(output_dir=tmp_path), ConvertConfig(output_dir=tmp_path, model="m", stages=Stages.PAGE)):
-        assert config_hash(unplanned, 600.0) == config_hash(unplanned, 60.0)
-        assert "page_timeout" not in output_config(unplanned, 60.0)
+        assert config_hash(_resolved(unplanned, 600.0)) == config_hash(_resolved(unplanned, 60.0))
+        assert "page_timeout" not in output_config(_resolved(unplanned, 60.0))

@@ -32,10 +32,10 @@ def test_rows_fill_the_devices_share_beside_weights_and_workspace_and_half_the_h
 
 
 def test_on_the_cpu_the_default_is_one_row_and_nothing_is_loaded():
-    from hsd_cli.serving.rows import default_rows
-    from hsd_cli.serving.model import VlmOptions
+    from hsd_cli.config import ModelConfig
+    from hsd_cli.serving.rows import device_rows_choice
 
-    choice = default_rows(VlmOptions(model="no/such-model", device="cpu"), 150, 40_000_000)
+    choice = device_rows_choice(ModelConfig("no/such-model", "qwen2_5_vl", "cpu", "float32", False, 64, False, None), 150, 40_000_000)
     assert choice.rows == 1 and "CPU" in choice.why
 
 
@@ -45,8 +45,8 @@ def test_on_a_gpu_the_rows_follow_its_memory_and_the_pages_prompt(tiny_model, mo
     from hsd_cli import processes
     from hsd_cli.decoding.hf_target import footprint, load_target
     from hsd_cli.models.family_settings import settings_for
-    from hsd_cli.serving.rows import A4_PT, GIB, WORKSPACE_BYTES, default_rows
-    from hsd_cli.serving.model import VlmOptions
+    from hsd_cli.config import ModelConfig
+    from hsd_cli.serving.rows import A4_PT, GIB, WORKSPACE_BYTES, device_rows_choice as default_rows
 
     target = load_target(str(tiny_model), device="cpu", dtype="float32")
     page = Image.new("RGB", (round(A4_PT[0] * 100 / 72), round(A4_PT[1] * 100 / 72)), "white")
@@ -57,7 +57,7 @@ def test_on_a_gpu_the_rows_follow_its_memory_and_the_pages_prompt(tiny_model, mo
     device = int((WORKSPACE_BYTES + weights + 37.5 * row) / 0.9)  # room for 37 rows and a half
     monkeypatch.setattr(footprint, "device_memory", lambda name: device if name == "cuda" else None)
     monkeypatch.setattr(processes, "available_memory", lambda: None)
-    options = VlmOptions(model=str(tiny_model), device="cuda", dtype="float32", max_new_tokens=64)
+    options = ModelConfig(str(tiny_model), target.model_type, "cuda", "float32", False, 64, False, None)
     choice = default_rows(options, dpi=100, max_pixels=40_000_000)
     assert choice.rows == 37
     assert f"hold 37 rows of {tokens:,} tokens" in choice.why
@@ -114,29 +114,27 @@ def test_a_budget_that_cannot_be_worked_out_warns_and_reads_one_row(tiny_model, 
 def test_on_a_gpu_a_run_keeps_no_more_rows_than_it_has_documents(tiny_model, docs_dir, tmp_path, monkeypatch):
     """Per-page sizing prices each read at the rows: a run of two documents on a device that
     holds many reads as two rows, and one document as one (whole trees, as against `generate`).
-    The parent's view of the device stands in for a GPU; the worker still runs on the CPU."""
+    The CPU's memory as the parent sees it stands in for a GPU's; the worker runs on the CPU."""
     from hsd_cli import processes
-    from hsd_cli.decoding.hf_target import devices, footprint
+    from hsd_cli.decoding.hf_target import footprint
 
-    monkeypatch.setattr(devices, "default_device", lambda: "cuda")
     monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
     monkeypatch.setattr(processes, "available_memory", lambda: None)
     both = run_hsd("convert", docs_dir, "-o", tmp_path / "both", "--model", tiny_model, "--json", "--max-new-tokens", "8")
     assert both.exit_code == 0, both.stderr
     assert json.loads(both.stdout)["max_rows"] == 2
-    assert "rows in flight: 2, one per document (cuda's 80 GiB hold " in both.stderr
+    assert "rows in flight: 2, one per document (cpu's 80 GiB hold " in both.stderr
     one = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "one", "--model", tiny_model, "--json", "--max-new-tokens", "8")
     assert one.exit_code == 0, one.stderr
-    assert json.loads(one.stdout)["max_rows"] == 1 and "rows in flight: 1, one per document (cuda's" in one.stderr
+    assert json.loads(one.stdout)["max_rows"] == 1 and "rows in flight: 1, one per document (cpu's" in one.stderr
 
 
 def test_on_a_gpu_a_long_document_splits_into_as_many_rows_as_its_parts(tiny_model, docs_dir, tmp_path, monkeypatch):
     """One long PDF alone in a run fills rows too: it splits into parts of at least MIN_PART_PAGES
     pages, a row each (20 pages: 3 parts), and `--pages` counts only the pages selected."""
     from hsd_cli import processes
-    from hsd_cli.decoding.hf_target import devices, footprint
+    from hsd_cli.decoding.hf_target import footprint
 
-    monkeypatch.setattr(devices, "default_device", lambda: "cuda")
     monkeypatch.setattr(footprint, "device_memory", lambda name: 80 << 30)
     monkeypatch.setattr(processes, "available_memory", lambda: None)
     long_pdf = tmp_path / "long.pdf"
@@ -149,7 +147,7 @@ def test_on_a_gpu_a_long_document_splits_into_as_many_rows_as_its_parts(tiny_mod
                     "--max-new-tokens", "8", "--stages", "page", "--events", events)
     assert split.exit_code == 0, split.stderr
     assert json.loads(split.stdout)["max_rows"] == 3
-    assert "rows in flight: 3, one per document part of 8+ pages (cuda's 80 GiB hold " in split.stderr
+    assert "rows in flight: 3, one per document part of 8+ pages (cpu's 80 GiB hold " in split.stderr
     order = [(event["event"], event.get("page")) for event in map(json.loads, events.read_text().splitlines())]
     # One at a time, a page starts after the one before it is done; split, pages 9 and 17 open parts.
     assert order.index(("page_started", 9)) < order.index(("page_done", 8))
@@ -180,21 +178,18 @@ def test_a_worker_process_serves_max_docs_per_worker_per_row_in_flight(tmp_path)
     """A process due drains its rows and the next loads the model again: with N rows it is due
     after N times --max-docs-per-worker documents, so a generation pays that once per as many
     documents per row as with one row."""
-    from hsd_cli.config import ConvertConfig
-    from hsd_cli.batch.runner import (
-        BatchRun,
-        EventLog,
-        Reporter,
-        documents_per_process,
-        open_executor,
-    )
+    from hsd_cli.batch.reporting import EventLog, Reporter
+    from hsd_cli.batch.runner import BatchRun, open_executor
+    from hsd_cli.config import ConvertConfig, ModelConfig
+    from tests.fixtures import resolved
 
     with_model = ConvertConfig(output_dir=tmp_path, model="some/model")
+    model = ModelConfig("some/model", "qwen2_5_vl", "cpu", "float32", False, 64, False, None)
     draft_only = ConvertConfig(output_dir=tmp_path)
     run = RunConfig(max_rows=4, max_docs_per_worker=5)
-    assert documents_per_process(with_model, run) == 20
-    assert documents_per_process(draft_only, run) == 5, "without a model one document is in flight"
-    executor = open_executor(with_model, run)
+    assert resolved(with_model, model, run).schedule.docs_per_worker == 20
+    assert resolved(draft_only, None, run).schedule.docs_per_worker == 5, "without a model one document is in flight"
+    executor = open_executor(with_model, run, resolved(with_model, model, run))
     assert (executor.slots, executor.max_docs_per_worker) == (4, 20)
-    batch = BatchRun(with_model, run, Reporter(console=None), EventLog(None))
+    batch = BatchRun(with_model, run, resolved(with_model, model, run), Reporter(console=None), EventLog(None))
     assert batch.limits.max_docs_per_worker == 20, "the pools recycle by the same count"

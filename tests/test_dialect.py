@@ -267,9 +267,10 @@ def test_a_documents_earlier_outputs_settle_the_forms_its_later_pages_draft():
 
 def _tiny_model(tmp_path):
     from hsd_cli.models.tiny_families import build_tiny_random
-    from hsd_cli.serving.model import VlmModel, VlmOptions
+    from hsd_cli.serving.model import VlmModel
+    from tests.fixtures import model_config
 
-    return VlmModel(VlmOptions(model=str(build_tiny_random("qwen2_5_vl", tmp_path / "tiny")), dtype="float32", max_new_tokens=4))
+    return VlmModel(model_config(build_tiny_random("qwen2_5_vl", tmp_path / "tiny"), dtype="float32", max_new_tokens=4))
 
 
 def _blank_page():

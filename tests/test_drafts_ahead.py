@@ -11,16 +11,17 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
+from dataclasses import replace
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pymupdf
 import pytest
 
-from hsd_cli.config import ConvertConfig, Executor, RunConfig
+from hsd_cli.config import ConvertConfig, Executor, ModelConfig, RunConfig
 from hsd_cli.records.page import Page
-from hsd_cli.document.pipeline import DraftsAhead
-from hsd_cli import draft_processes
+from hsd_cli.document.drafting import DraftsAhead
+from hsd_cli.batch import draft_processes
 from hsd_cli.batch.draft_processes import (
     DRAFT_PROCESS_BYTES,
     DraftProcesses,
@@ -28,8 +29,9 @@ from hsd_cli.batch.draft_processes import (
     default_draft_processes,
     threads_per_process,
 )
-from hsd_cli.batch.runner import drafting_processes
+from hsd_cli.batch.resolve import drafting_processes
 from tests.conftest import run_hsd
+from tests.fixtures import resolved
 from tests.test_batch import _manifest
 
 
@@ -49,8 +51,7 @@ class _Processes:
 
 
 def _drafts(processes: _Processes, indices: list[int], ahead: int) -> DraftsAhead:
-    task = type("Task", (), {"doc": None, "config": None})()
-    return DraftsAhead(processes, task, indices, ahead)
+    return DraftsAhead(processes, None, None, indices, ahead)
 
 
 def _page(index: int) -> Page:
@@ -86,14 +87,15 @@ def test_a_page_is_sent_only_where_a_process_is_free_and_else_drafted_where_need
 
 
 def test_by_default_a_model_on_a_gpu_gets_every_cpu_but_one_that_memory_holds_and_one_on_the_cpu_none(monkeypatch):
-    with_model = ConvertConfig(output_dir=Path("out"), model="m")
-    draft_only = ConvertConfig(output_dir=Path("out"))
-    assert drafting_processes(with_model, RunConfig()) is None, "the worker chooses, by the model's device"
-    assert drafting_processes(draft_only, RunConfig()) == 0, "a draft-only run drafts in its worker"
-    assert drafting_processes(with_model, RunConfig(executor=Executor.RAY)) == 0
-    assert drafting_processes(draft_only, RunConfig(draft_workers=3)) == 3, "asked for, always"
+    on_gpu = ModelConfig("m", "qwen2_5_vl", "cuda", "bfloat16", False, 64, False, None)
+    on_cpu = replace(on_gpu, device="cpu", dtype="float32")
     monkeypatch.setattr(draft_processes, "available_memory", lambda: 64 * DRAFT_PROCESS_BYTES)
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert drafting_processes(on_gpu, RunConfig()) == 2, "resolved in the parent, by the model's device"
+    assert drafting_processes(on_cpu, RunConfig()) == 0
+    assert drafting_processes(None, RunConfig()) == 0, "a draft-only run drafts in its worker"
+    assert drafting_processes(on_gpu, RunConfig(executor=Executor.RAY)) == 0
+    assert drafting_processes(None, RunConfig(draft_workers=3)) == 3, "asked for, always"
     assert default_draft_processes(model_on_accelerator=True) == 2
     assert default_draft_processes(model_on_accelerator=False) == 0, "the model's forwards take every core"
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
@@ -231,7 +233,8 @@ def test_a_worker_that_drafted_ahead_ends_by_itself_when_stopped(documents, tmp_
     task = DocumentTask(
         doc=InputDocument(path=documents / "long.pdf", relpath=Path("long.pdf"), kind="pdf"),
         outputs=OutputPaths(markdown=tmp_path / "long.md", json=tmp_path / "long.json", images_dir=tmp_path / "long_images"),
-        config=ConvertConfig(output_dir=tmp_path), sha256="0" * 64, checkpoint_dir=tmp_path / "pages", draft_workers=1,
+        config=resolved(ConvertConfig(output_dir=tmp_path), run=RunConfig(draft_workers=1)), sha256="0" * 64,
+        checkpoint_dir=tmp_path / "pages",
     )
     try:
         outcome = pool.convert(task, lambda name, payload: None)

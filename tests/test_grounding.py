@@ -75,7 +75,7 @@ def _read(text: str):
 def test_the_page_json_keeps_the_grounding_in_the_models_coordinates_and_in_points():
     drafted = Page(page_no=1, size_pt=(612.0, 792.0), picture=Image.new("RGB", (8, 8)), flags=("draft_only",))
     reading = upright_read(drafted.picture, SETTINGS, _read(OUTPUT))
-    page = model_reading(drafted, reading, SETTINGS.max_new_tokens, outside_replay_set=False)
+    page = model_reading(drafted, reading, SETTINGS.max_new_tokens)
     markdown = page_markdown(page, lambda block: None)
     assert markdown == MARKDOWN
     record = page_json(page, markdown, lambda block: None)
@@ -87,7 +87,7 @@ def test_the_page_json_keeps_the_grounding_in_the_models_coordinates_and_in_poin
     title = [round(330 / 999 * 612, 2), round(198 / 999 * 792, 2), round(559 / 999 * 612, 2), round(230 / 999 * 792, 2)]
     assert grounding["blocks"][0]["boxes_pt"] == [title]
     assert len(grounding["blocks"][5]["boxes_pt"]) == 2
-    untagged = model_reading(drafted, upright_read(drafted.picture, SETTINGS, _read(MARKDOWN)), 100, outside_replay_set=False)
+    untagged = model_reading(drafted, upright_read(drafted.picture, SETTINGS, _read(MARKDOWN)), 100)
     assert "grounding" not in page_json(untagged, MARKDOWN, lambda block: None)
 
 

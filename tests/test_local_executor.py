@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hsd_cli import local_executor
+from hsd_cli.batch import local_executor
 from hsd_cli.config import ConvertConfig, Executor, RunConfig, UsageError
 from hsd_cli.batch.inputs import InputDocument, OutputPaths
 from hsd_cli.batch.local_executor import LocalExecutor, SharedProcess
@@ -25,6 +25,7 @@ from hsd_cli.records.kinds import DocStatus
 from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask
 from hsd_cli.batch.worker import CRASHED_ELSEWHERE, RESTARTED, Limits, WorkerPool
 from tests.conftest import run_hsd
+from tests.fixtures import resolved
 
 
 @pytest.fixture(autouse=True)
@@ -194,7 +195,7 @@ class FakeWorker:
 def _task(tmp_path: Path) -> DocumentTask:
     doc = InputDocument(path=tmp_path / "a.pdf", relpath=Path("a.pdf"), kind="pdf")
     outputs = OutputPaths(markdown=tmp_path / "a.md", json=tmp_path / "a.json", images_dir=tmp_path / "a_images")
-    config = ConvertConfig(output_dir=tmp_path)
+    config = resolved(ConvertConfig(output_dir=tmp_path))
     return DocumentTask(doc=doc, outputs=outputs, config=config, sha256="0", checkpoint_dir=tmp_path)
 
 

@@ -52,15 +52,18 @@ def test_a_draft_only_worker_does_not_import_torch(docs_dir, tmp_path):
         """
         import json, sys
         from pathlib import Path
-        from hsd_cli.config import ConvertConfig
         from hsd_cli.batch.inputs import assign_outputs, discover
-        from hsd_cli.document.pipeline import process_document
+        from hsd_cli.batch.resolve import resolve_schedule
         from hsd_cli.batch.tasks import DocumentTask
+        from hsd_cli.config import ConvertConfig, ResolvedConfig, RunConfig
+        from hsd_cli.document.writing import process_document
 
         out = Path(sys.argv[2])
         docs = discover([sys.argv[1]], False).documents
+        config = ConvertConfig(output_dir=out)
+        resolved = ResolvedConfig(config.document, None, resolve_schedule(config, None, RunConfig(), None, []))
         task = DocumentTask(
-            doc=docs[0], outputs=assign_outputs(docs, out)[0], config=ConvertConfig(output_dir=out),
+            doc=docs[0], outputs=assign_outputs(docs, out)[0], config=resolved,
             sha256="0" * 64, checkpoint_dir=out / "checkpoints",
         )
         outcome = process_document(task, lambda name, payload: None)
@@ -81,7 +84,7 @@ def test_memory_freed_by_a_page_goes_back_to_the_os():
     retained = _python(
         """
         import ctypes
-        from hsd_cli.document.pipeline import release_freed_memory
+        from hsd_cli.document.drafting import release_freed_memory
 
         def rss_mib():
             with open("/proc/self/status") as handle:
@@ -131,7 +134,9 @@ def test_a_documents_figures_wait_for_its_files_on_disk_not_in_memory(tmp_path):
 
     from hsd_cli.config import ConvertConfig, DraftBackendName
     from hsd_cli.batch.inputs import InputDocument, OutputPaths
-    from hsd_cli.document.pipeline import convert_document, write_document
+    from hsd_cli.document.pipeline import convert_document
+    from hsd_cli.document.writing import write_document
+    from tests.fixtures import resolved
     from hsd_cli.batch.tasks import DocumentTask
 
     picture = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 200, 150), False)
@@ -146,7 +151,7 @@ def test_a_documents_figures_wait_for_its_files_on_disk_not_in_memory(tmp_path):
     outputs = OutputPaths(markdown=tmp_path / "figures.md", json=tmp_path / "figures.json", images_dir=tmp_path / "figures_images")
     task = DocumentTask(
         doc=InputDocument(path=pdf, relpath=Path("figures.pdf"), kind="pdf"), outputs=outputs,
-        config=ConvertConfig(output_dir=tmp_path, draft_backend=DraftBackendName.PDF_TEXT), sha256="0",
+        config=resolved(ConvertConfig(output_dir=tmp_path, draft_backend=DraftBackendName.PDF_TEXT)), sha256="0",
         checkpoint_dir=tmp_path / "checkpoints",
     )
     result, failures = convert_document(task, lambda name, payload: None)

@@ -168,7 +168,7 @@ def test_ray_options_without_ray_executor_are_a_usage_error(docs_dir, tmp_path):
 
 def test_output_not_shared_with_a_node_is_refused(cluster, docs_dir, tmp_path, monkeypatch):
     """A node that reads something else at OUT's path (its own disk) must stop the run at start."""
-    from hsd_cli import ray_executor
+    from hsd_cli.batch import ray_executor
 
     # The driver writes one token and the nodes read another at the same path.
     monkeypatch.setattr(ray_executor, "_write_probe", lambda path, token: path.write_text("a node's own file"))

@@ -31,9 +31,9 @@ def drafted_pages(docs_dir):
 
 
 def vlm_model(tiny_model, max_rows):
-    from hsd_cli.serving.model import VlmModel, VlmOptions
+    from hsd_cli.serving.model import VlmModel
 
-    return VlmModel(VlmOptions(model=str(tiny_model), dtype="float32", max_new_tokens=12, max_rows=max_rows))
+    return VlmModel(model_config(tiny_model, dtype="float32", max_new_tokens=12), rows=max_rows)
 
 
 def reading(page):
@@ -84,13 +84,12 @@ def test_a_page_past_its_deadline_keeps_its_draft(tiny_model, drafted_pages, max
 
 def test_batch_sizing_gives_every_read_the_workers_one_sizer_and_reads_what_alone_reads(tiny_model, drafted_pages, tmp_path):
     from hsd_cli.config import Sizing
-    from hsd_cli.serving.model import VlmModel, VlmOptions
+    from hsd_cli.serving.model import VlmModel
 
     profile = half_node_profile(tmp_path / "profile.json")
 
     def model(sizing):
-        return VlmModel(VlmOptions(model=str(tiny_model), dtype="float32", max_new_tokens=12, max_rows=8, sizing=sizing,
-                                   profile=str(profile)))
+        return VlmModel(model_config(tiny_model, dtype="float32", max_new_tokens=12, profile=str(profile)), rows=8, sizing=sizing)
 
     pictures = [page.picture for page in drafted_pages[:2]]
     per_page = model(Sizing.PAGE)

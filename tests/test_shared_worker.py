@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from hsd_cli import worker
+from hsd_cli.batch import worker
 from hsd_cli.batch.shared_worker import SharedWorker, SharedWorkers
 from hsd_cli.batch.worker import RESTARTED, WORKER_ERROR, DocumentThreads
 

@@ -52,7 +52,7 @@ def test_region_outputs_replace_their_blocks_pipeline_drafts_in_reading_order():
 
 
 def test_a_checkpoint_an_earlier_hsd_wrote_is_redone(tmp_path):
-    from hsd_cli.document.pipeline import _load_checkpoint
+    from hsd_cli.document.checkpoints import load_checkpoint as _load_checkpoint
 
     current = Page(page_no=1, size_pt=(1, 1), backend="pdf-text", reading=_reading(1, 1, 0.0, 1.0, None))
     earlier = replace(current, reading={"page": {"forwards": 1}})  # an earlier hsd's record of the reading

@@ -3,38 +3,29 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import sys
 import threading
 import time
-from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import replace
 from enum import IntEnum
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
-
-from hsd_cli import __version__
-from hsd_cli.config import MIN_PART_PAGES, ConvertConfig, Executor, RunConfig, parse_shard
 from hsd_cli.batch.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.batch.local_executor import LocalExecutor
+from hsd_cli.batch.reporting import EventLog, Reporter, manifest_record, run_summary
+from hsd_cli.batch.resolve import resolve_schedule
+from hsd_cli.batch.schedule import Part, Schedule, SplitDocument
+from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256
+from hsd_cli.batch.worker import Limits, ProgressSink, WorkerPool
+from hsd_cli.config import ConvertConfig, Executor, ModelConfig, ResolvedConfig, RunConfig, parse_shard
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files
-from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256, runs_model
 from hsd_cli.records.kinds import DocStatus
-from hsd_cli.records.totals import DecodingTotals
-from hsd_cli.batch.worker import Limits, ProgressSink, WorkerPool, peak_rss_mib
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from PIL import Image
 
     from hsd_cli.batch.ray_executor import RayExecutor
 
@@ -46,109 +37,6 @@ class ExitCode(IntEnum):
     NO_INPUT = 3
     ENVIRONMENT = 4
     INTERRUPTED = 130
-
-
-_STATUS_STYLE = {
-    DocStatus.OK: "green",
-    DocStatus.DEGRADED: "yellow",
-    DocStatus.SKIPPED: "dim",
-}
-
-
-class EventLog:
-    """NDJSON events (run/doc/page started, done, failed) for --events FILE|-."""
-
-    def __init__(self, stream: IO[str] | None) -> None:
-        self.stream = stream
-        self.writing = threading.Lock()  # whole lines from every worker thread
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self.stream is None:
-            return
-        record = {"event": event, "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **fields}
-        with self.writing:
-            self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-            self.stream.flush()
-
-
-@dataclass
-class Reporter:
-    """Everything human goes to stderr: a progress bar on a TTY, else one line per document."""
-
-    console: Console
-    quiet: bool = False
-    debug: bool = False
-    progress: Progress | None = field(default=None, init=False)
-
-    def warn(self, message: str) -> None:
-        self.console.print(f"[yellow]warning:[/yellow] {escape(message)}", highlight=False, soft_wrap=True)
-
-    def error(self, message: str, hint: str | None = None) -> None:
-        self.console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-        if hint:
-            self.console.print(f"  hint: {escape(hint)}", highlight=False, soft_wrap=True)
-
-    def start(self, total: int) -> None:
-        if self.console.is_terminal and not self.quiet:
-            self.progress = Progress(
-                TextColumn("[bold]converting"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.description}"),
-                console=self.console,
-                transient=True,
-            )
-            self.progress.start()
-            self.progress.add_task("", total=total)
-
-    def stop(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
-
-    def document(self, outcome: DocumentOutcome) -> None:
-        if self.progress is not None:
-            self.progress.advance(0)
-            self.progress.update(0, description=Path(outcome.input).name)
-        style = _STATUS_STYLE.get(outcome.status, "red")
-        label = f"[{style}]{outcome.status.value:<9}[/{style}]"
-        if outcome.error:
-            self.console.print(f"{label} {escape(outcome.input)}: {escape(outcome.error)}", highlight=False, soft_wrap=True)
-        elif not self.quiet:
-            backends = ", ".join(f"{name} x{count}" for name, count in sorted(outcome.draft_backends.items()))
-            detail = f"{outcome.pages} pages, {outcome.seconds:.1f}s, draft: {backends}" if outcome.pages else outcome.note
-            if outcome.decoding:
-                speedup = outcome.decoding.speedup
-                unit = "x" if speedup.kind == "measured" else "x est."
-                detail += f", tau {outcome.decoding.tau:.2f}, speedup {speedup.value:.2f}{unit}"
-            self.console.print(f"{label} {escape(outcome.input)} ({escape(detail)})", highlight=False, soft_wrap=True)
-        for warning in outcome.warnings:
-            self.warn(f"{outcome.input}: {warning}")
-        if self.debug and outcome.traceback:
-            self.console.print(outcome.traceback, highlight=False, markup=False)
-
-    def summary(self, summary: dict[str, Any]) -> None:
-        if self.quiet:
-            return
-        table = Table(title="hsd convert", title_justify="left")
-        counts = {status: n for status, n in summary["counts"].items() if n}
-        decoding = summary["decoding"]
-        extra = ("tau", "speedup") if decoding else ()
-        for column in ("documents", *counts, "pages", "seconds", "pages/s", *extra):
-            table.add_column(column, justify="right", no_wrap=True)
-        cells = [
-            str(len(summary["documents"])),
-            *(str(n) for n in counts.values()),
-            str(summary["pages"]),
-            f"{summary['seconds']:.1f}",
-            f"{summary['pages_per_second']:.2f}",
-        ]
-        if decoding:
-            speedup = decoding["speedup"]
-            cells += [f"{decoding['tau']:.2f}", f"{speedup['value']:.2f}x" + ("" if speedup["kind"] == "measured" else " est.")]
-        table.add_row(*cells)
-        self.console.print(table)
 
 
 def read_files_from(source: str, null_separated: bool) -> list[str]:
@@ -167,204 +55,37 @@ def in_shard(relpath: Path, shard: str | None) -> bool:
     return int.from_bytes(digest[:8], "big") % count == index - 1
 
 
-def _manifest_record(
-    key: str, path: Path, outcome: DocumentOutcome, config: ConvertConfig, chash: str
-) -> dict[str, Any]:
-    return {
-        "key": key,
-        "input": str(path),
-        "size": path.stat().st_size if path.exists() else None,
-        "sha256": outcome.sha256,
-        "pages": outcome.pages,
-        "page_count": outcome.page_count,
-        "config_hash": chash,
-        "model": config.model,
-        "model_revision": None,
-        "hsd_version": __version__,
-        "status": outcome.status.value,
-        "error": outcome.error,
-        "failed_pages": {str(n): why for n, why in outcome.failed_pages.items()},
-        "warnings": list(outcome.warnings),  # a page's notice among them: why it is not the model's full reading
-        "outputs": outcome.outputs,
-        "timings": {
-            "seconds": round(outcome.seconds, 3),
-            "pages": {str(n): {k: round(v, 4) for k, v in t.items()} for n, t in outcome.page_timings.items()},
-        },
-        "stats": {
-            "draft_backends": outcome.draft_backends,
-            "decoding": outcome.decoding.as_json() if outcome.decoding else None,
-            "peak_rss_mib": outcome.peak_rss_mib,
-        },
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def documents_in_flight(config: ConvertConfig, run: RunConfig) -> int:
-    """Documents (or parts of a long one: config.document_parts) a worker (a local process, a Ray
-    actor) converts at once: --max-rows where a model reads the pages (their rows share its
-    forwards), else one (without a model nothing overlaps: pipeline_lock)."""
-    return run.max_rows if runs_model(config) else 1
-
-
-def documents_per_process(config: ConvertConfig, run: RunConfig) -> int:
-    """Documents a worker (a local process, a Ray actor) serves before it is replaced:
-    --max-docs-per-worker per document in flight. A worker due takes no new document until those
-    in flight are done, so its rows empty out for the slowest one's tail, and the next worker loads
-    the model again: counted per row, a generation of N rows loses that tail once in as many
-    documents as one row's does."""
-    return run.max_docs_per_worker * documents_in_flight(config, run)
-
-
-def default_max_rows(config: ConvertConfig, run: RunConfig, reporter: Reporter, documents: list[InputDocument]) -> int:
-    """--max-rows where it is not given: as many rows as the model's device holds (serving.rows:
-    one on the CPU), and no more than the run's `documents` split into (serving.rows.run_parts:
-    this shard's, those done included, so that a resumed run chooses alike; a long document
-    splits into parts of at least MIN_PART_PAGES pages), said on stderr. Per-page sizing prices
-    every read at these rows: a run of one short document reads with whole trees, as `generate`'s
-    rival, not as one row of a full batch. One without a model, or on Ray (the driver does not see
-    the actors' devices: --max-rows N sets the rows of each actor). A budget that cannot be worked
-    out is warned of and gives one row."""
-    from hsd_cli.batch.tasks import vlm_options
-
-    options = vlm_options(config)
-    if options is None or run.executor is not Executor.LOCAL or not documents:
-        return 1
-    # Imports torch (and PyMuPDF to count pages on a GPU): only when a VLM will run.
-    from hsd_cli.serving.rows import default_rows, run_parts
-
-    try:
-        choice = default_rows(options, config.dpi, config.max_pixels)
-        if choice.rows == 1:
-            rows = 1
-        else:
-            rows = run_parts([(doc.path, doc.kind) for doc in documents], config.pages, config.password, choice.rows)
-    except Exception as exc:  # noqa: BLE001 - e.g. a processor that cannot be loaded alone: the run goes on
-        reporter.warn(f"cannot budget the rows in flight ({type(exc).__name__}: {exc}); one row, --max-rows N for more")
-        return 1
-    if not reporter.quiet:
-        fewer = ""
-        if rows < choice.rows:
-            fewer = ", one per document" if rows == len(documents) else f", one per document part of {MIN_PART_PAGES}+ pages"
-        reporter.console.print(f"rows in flight: {rows}{fewer} ({choice.why})", highlight=False)
-    return rows
-
-
-def drafting_processes(config: ConvertConfig, run: RunConfig) -> int | None:
-    """Draft processes beside a worker (--draft-workers; 0: the worker drafts each page itself).
-    By default none for a draft-only run (it drafts in its worker, whose memory the README states)
-    or on Ray (an actor claims one CPU); where a model reads the pages, None: the worker chooses
-    by the model's device (draft_processes.default_draft_processes)."""
-    if run.draft_workers is not None:
-        return run.draft_workers
-    if not runs_model(config) or run.executor is not Executor.LOCAL:
-        return 0
-    return None
-
-
-def open_executor(config: ConvertConfig, run: RunConfig) -> LocalExecutor | RayExecutor:
+def open_executor(config: ConvertConfig, run: RunConfig, resolved: ResolvedConfig) -> LocalExecutor | RayExecutor:
+    schedule = resolved.schedule
     if run.executor is Executor.LOCAL:
-        return LocalExecutor(documents_in_flight(config, run), documents_per_process(config, run))
+        return LocalExecutor(schedule.rows, schedule.docs_per_worker)
     from hsd_cli.batch.ray_executor import RayExecutor  # imports ray: only when asked for
 
     return RayExecutor.connect(
-        run.ray_address, run.gpus_per_worker, config.output_dir,
-        documents_in_flight(config, run), documents_per_process(config, run),
+        run.ray_address, run.gpus_per_worker, config.output_dir, schedule.rows, schedule.docs_per_worker,
     )
-
-
-@dataclass
-class SplitDocument:
-    """A document in conversion: into how many parts it split (config.document_parts; 1: it did
-    not), and the outcomes of its parts so far."""
-
-    index: int  # in input order
-    key: str
-    task: DocumentTask
-    started: float  # time.monotonic()
-    parts: int = 1
-    outcomes: list[DocumentOutcome] = field(default_factory=list)
-    taking: threading.Lock = field(default_factory=threading.Lock)
-
-    def take(self, outcome: DocumentOutcome) -> bool:
-        """Keep a part's outcome; whether it was the last part out."""
-        with self.taking:
-            self.outcomes.append(outcome)
-            return len(self.outcomes) == self.parts
-
-
-@dataclass(frozen=True)
-class _Part:
-    document: SplitDocument
-    part: int
-
-
-class _Schedule:
-    """What the run's pools take, in turn: the later parts of split documents first (a long
-    document's pages share the model's rows), then the next document in input order."""
-
-    def __init__(self, planned: list[tuple[InputDocument, OutputPaths]], parts: int, cancelled: threading.Event) -> None:
-        self.parts = parts  # into how many parts a document may split (1: none)
-        self.todo = iter(enumerate(planned))
-        self.cancelled = cancelled
-        self.queued: deque[_Part] = deque()
-        # Documents whose first part runs and has not yet said into how many parts it splits: a
-        # pool with nothing to take waits for them rather than end.
-        self.splitting: set[int] = set()
-        self.changed = threading.Condition()
-
-    def take(self) -> _Part | tuple[int, tuple[InputDocument, OutputPaths]] | None:
-        with self.changed:
-            while not self.cancelled.is_set():
-                if self.queued:
-                    return self.queued.popleft()
-                item = next(self.todo, None)
-                if item is not None:
-                    if self.parts > 1:
-                        self.splitting.add(item[0])
-                    return item
-                if not self.splitting:
-                    return None
-                self.changed.wait(0.25)
-            return None
-
-    def split(self, document: SplitDocument, parts: int) -> None:
-        """The document's first part says into how many parts it splits; a resent first part says
-        it again, which changes nothing."""
-        with self.changed:
-            if document.index not in self.splitting:
-                return
-            document.parts = parts
-            self.queued.extend(_Part(document, part) for part in range(1, parts))
-            self.splitting.discard(document.index)
-            self.changed.notify_all()
-
-    def settled(self, index: int) -> None:
-        """The document's first part is over, split or not."""
-        with self.changed:
-            self.splitting.discard(index)
-            self.changed.notify_all()
 
 
 class BatchRun:
     """One `hsd convert` invocation over its documents, holding the output lock throughout."""
 
     def __init__(
-        self, config: ConvertConfig, run: RunConfig, reporter: Reporter, events: EventLog,
-        reads_page: Callable[[Image.Image], bool] | None = None,
+        self, config: ConvertConfig, run: RunConfig, resolved: ResolvedConfig, reporter: Reporter, events: EventLog,
     ) -> None:
         self.config = config
         self.run = run
-        self.reads_page = reads_page
+        self.resolved = resolved
         self.reporter = reporter
         self.events = events
-        self.config_hash = config_hash(config, run.page_timeout)
-        self.limits = Limits(run.page_timeout, run.doc_timeout, documents_per_process(config, run))
+        self.config_hash = config_hash(resolved)
+        schedule = resolved.schedule
+        self.limits = Limits(schedule.page_timeout, schedule.doc_timeout, schedule.docs_per_worker)
         # Held while the manifest, the display and the events take a finished document: documents
         # finish on several threads when the executor runs several workers.
         self.recording = threading.Lock()
 
     def convert_one(
-        self, index: int, doc: InputDocument, outputs: OutputPaths, manifest: Manifest, pool: WorkerPool, schedule: _Schedule
+        self, index: int, doc: InputDocument, outputs: OutputPaths, manifest: Manifest, pool: WorkerPool, schedule: Schedule
     ) -> DocumentOutcome | None:
         """The document's outcome, or None where it split into parts (config.document_parts):
         the schedule then holds its other parts, and the pool that finishes the last one records it."""
@@ -383,15 +104,9 @@ class BatchRun:
         task = DocumentTask(
             doc=doc,
             outputs=outputs,
-            config=self.config,
+            config=self.resolved,
             sha256=sha256,
             checkpoint_dir=self.config.output_dir / STATE_DIR / "pages" / f"{sha256[:16]}-{self.config_hash}",
-            max_page_error_rate=self.run.max_page_error_rate,
-            page_timeout=self.run.page_timeout,
-            reads_page=self.reads_page,
-            max_rows=self.run.max_rows,
-            sizing=self.run.sizing,
-            draft_workers=drafting_processes(self.config, self.run),
             parts=schedule.parts,
         )
         self.events.emit("doc_started", input=str(doc.path))
@@ -445,7 +160,7 @@ class BatchRun:
     def finish(self, key: str, task: DocumentTask, outcome: DocumentOutcome, manifest: Manifest) -> DocumentOutcome:
         """Record a converted document in the manifest, the events and the display; drop its checkpoints."""
         with self.recording:
-            manifest.append(_manifest_record(key, task.doc.path, outcome, self.config, self.config_hash))
+            manifest.append(manifest_record(key, task.doc.path, outcome, self.config.model, self.config_hash))
         shutil.rmtree(task.checkpoint_dir, ignore_errors=True)
         self.events.emit(
             "doc_failed" if outcome.status.is_failure else "doc_done",
@@ -465,7 +180,7 @@ class BatchRun:
         """A named input that does not exist: a failure in the summary and the manifest, keyed by
         its absolute path (output keys are relative, so the two never meet)."""
         outcome = DocumentOutcome(input=str(path), status=DocStatus.MISSING, error="no such file or directory")
-        manifest.append(_manifest_record(str(path.absolute()), path, outcome, self.config, self.config_hash))
+        manifest.append(manifest_record(str(path.absolute()), path, outcome, self.config.model, self.config_hash))
         self.events.emit("doc_failed", input=str(path), status=outcome.status.value, error=outcome.error, pages=0)
         return self.record(outcome)
 
@@ -475,7 +190,7 @@ class BatchRun:
         with OutputLock(self.config.output_dir):
             remove_stale_temp_files(self.config.output_dir)
             manifest = Manifest(self.config.output_dir)
-            executor = open_executor(self.config, self.run)
+            executor = open_executor(self.config, self.run, self.resolved)
             self.reporter.start(len(missing) + len(planned))
             try:
                 outcomes = [self.record_missing(path, manifest) for path in missing]
@@ -488,7 +203,7 @@ class BatchRun:
         self, planned: list[tuple[InputDocument, OutputPaths]], manifest: Manifest, executor: LocalExecutor | RayExecutor
     ) -> list[DocumentOutcome]:
         cancelled = threading.Event()
-        schedule = _Schedule(planned, documents_in_flight(self.config, self.run), cancelled)
+        schedule = Schedule(planned, self.resolved.schedule.rows, cancelled)
         pools = [
             WorkerPool(self.limits, executor.start_worker, cancelled)
             for _ in range(min(executor.slots, len(planned) * schedule.parts))
@@ -498,7 +213,7 @@ class BatchRun:
         def serve(pool: WorkerPool) -> None:
             try:
                 while (work := schedule.take()) is not None:
-                    if isinstance(work, _Part):
+                    if isinstance(work, Part):
                         index = work.document.index
                         outcome = self.convert_part(work.document, work.part, pool, manifest)
                     else:
@@ -535,11 +250,12 @@ def run_convert(
     reporter: Reporter,
     events: EventLog | None = None,
     listed: list[str] | None = None,
-    reads_page: Callable[[Image.Image], bool] | None = None,
+    model: ModelConfig | None = None,
 ) -> tuple[ExitCode, dict[str, Any]]:
-    """Convert everything `inputs` (and the --files-from entries `listed`) name; the
-    OutputLockedError of a busy OUT propagates. `reads_page`: which pages the model reads (a
-    replay model's), given to the page stage.
+    """Convert everything `inputs` (and the --files-from entries `listed`) name, with `model` (the
+    model options as serving.resolve resolved them; None: no model reads the pages); the
+    OutputLockedError of a busy OUT propagates. The schedule is resolved here, before any worker
+    starts, and every task carries the resolved options whole.
 
     A named path that does not exist is a failed input (status missing, exit code 1), also when
     nothing else is left to convert: exit code 3 means only that no directory or glob matched."""
@@ -549,7 +265,7 @@ def run_convert(
     for arg in found.unmatched:
         reporter.warn(f"no document matched {arg!r}")
     if not found.documents and not found.missing:
-        return ExitCode.NO_INPUT, _summary([], started, ExitCode.NO_INPUT, config, run.max_rows)
+        return ExitCode.NO_INPUT, run_summary([], started, int(ExitCode.NO_INPUT), config.output_dir, config.model, run.max_rows)
     # A missing file belongs to one shard, as it would if it existed.
     missing = [path for path in found.missing if in_shard(Path(path.name), run.shard)]
     # Output names come from the whole input set, so every shard names a document alike.
@@ -560,63 +276,15 @@ def run_convert(
     ]
     if config.model is None and not reporter.quiet:
         reporter.warn("no VLM configured: converting with the draft pipeline only (name one with --model ID|DIR)")
-    if run.max_rows is None:
-        run = replace(run, max_rows=default_max_rows(config, run, reporter, [doc for doc, _ in planned]))
+    schedule = resolve_schedule(config, model, run, reporter, [doc for doc, _ in planned])
+    resolved = ResolvedConfig(document=config.document, model=model, schedule=schedule)
     events.emit(
-        "run_started", documents=len(missing) + len(planned), output_dir=str(config.output_dir), max_rows=run.max_rows
+        "run_started", documents=len(missing) + len(planned), output_dir=str(config.output_dir), max_rows=schedule.rows
     )
-    outcomes = BatchRun(config, run, reporter, events, reads_page).execute(planned, missing)
+    outcomes = BatchRun(config, run, resolved, reporter, events).execute(planned, missing)
     failed = any(outcome.status.is_failure for outcome in outcomes)
     code = ExitCode.SOME_FAILED if failed else ExitCode.OK
-    summary = _summary(outcomes, started, code, config, run.max_rows)
+    summary = run_summary(outcomes, started, int(code), config.output_dir, config.model, schedule.rows)
     events.emit("run_done", exit_code=int(code), counts=summary["counts"])
     reporter.summary(summary)
     return code, summary
-
-
-def _decoding_summary(per_document: list[DecodingTotals]) -> dict[str, Any] | None:
-    totals = DecodingTotals.total(per_document)
-    return totals.as_json() if totals else None
-
-
-def _summary(
-    outcomes: list[DocumentOutcome], started: float, code: ExitCode, config: ConvertConfig, max_rows: int | None
-) -> dict[str, Any]:
-    seconds = time.perf_counter() - started
-    pages = sum(outcome.pages for outcome in outcomes if not outcome.status.is_failure)
-    counts = Counter(outcome.status.value for outcome in outcomes)
-    return {
-        "decoding": _decoding_summary([o.decoding for o in outcomes if o.decoding]),
-        "peak_rss_mib": {
-            "parent": peak_rss_mib(),
-            "worker": max((o.peak_rss_mib for o in outcomes if o.peak_rss_mib is not None), default=None),
-        },
-        "hsd_version": __version__,
-        "exit_code": int(code),
-        "output_dir": str(config.output_dir),
-        "model": config.model,
-        "max_rows": max_rows,
-        "counts": {status.value: counts.get(status.value, 0) for status in DocStatus},
-        "pages": pages,
-        "seconds": round(seconds, 3),
-        "pages_per_second": round(pages / seconds, 3) if seconds > 0 else 0.0,
-        "documents": [
-            {
-                "input": outcome.input,
-                "status": outcome.status.value,
-                "error": outcome.error,
-                "pages": outcome.pages,
-                "page_count": outcome.page_count,
-                "failed_pages": {str(n): why for n, why in outcome.failed_pages.items()},
-                "seconds": round(outcome.seconds, 3),
-                "sha256": outcome.sha256,
-                "draft_backends": outcome.draft_backends,
-                "outputs": outcome.outputs,
-                "warnings": list(outcome.warnings),
-                "note": outcome.note,
-                "decoding": outcome.decoding.as_json() if outcome.decoding else None,
-                "peak_rss_mib": outcome.peak_rss_mib,
-            }
-            for outcome in outcomes
-        ],
-    }

@@ -8,39 +8,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hsd_cli.config import ConvertConfig, Sizing, Stages
+from hsd_cli.config import ConvertConfig, DocumentConfig, ResolvedConfig, Stages
 from hsd_cli.batch.inputs import InputDocument, OutputPaths
 from hsd_cli.output.json_doc import SCHEMA_VERSION
 from hsd_cli.records.kinds import DocStatus
 from hsd_cli.records.totals import DecodingTotals
 
-if TYPE_CHECKING:
-    from PIL import Image
-
-    from hsd_cli.serving.model import VlmOptions
-
 
 @dataclass(frozen=True)
 class DocumentTask:
-    """Everything a worker needs for one document (picklable)."""
+    """Everything a worker needs for one document (picklable): the run's options resolved whole."""
 
     doc: InputDocument
     outputs: OutputPaths
-    config: ConvertConfig
+    config: ResolvedConfig
     sha256: str
     checkpoint_dir: Path
-    max_page_error_rate: float = 0.2
-    page_timeout: float = 0.0  # seconds a page may take (0: none); the planner leaves a page it predicts far over to its draft
     lost_pages: dict[int, str] = field(default_factory=dict)  # page_no -> why the parent gave up on it
-    reads_page: Callable[[Image.Image], bool] | None = None  # a replay model's pages (VlmOptions.reads_page)
-    max_rows: int = 1  # rows the worker's model keeps in flight (--max-rows)
-    sizing: Sizing = Sizing.PAGE  # --sizing
-    draft_workers: int | None = 0  # processes drafting pages ahead (runner.drafting_processes; 0: the worker drafts; None: by the device)
     # Parts a document with many pages is split into (config.document_parts), each converted as
     # a document of its own so that its pages are in flight together; `part`: which one this is.
     parts: int = 1
@@ -77,55 +64,35 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def runs_model(config: ConvertConfig) -> bool:
-    """Whether a VLM reads the pages (a model named, and stages beyond the draft)."""
-    return config.model is not None and config.stages is not Stages.DRAFT
-
-
-def vlm_options(
-    config: ConvertConfig, reads_page: Callable[[Image.Image], bool] | None = None, max_rows: int = 1,
-    sizing: Sizing = Sizing.PAGE,
-) -> VlmOptions | None:
-    if not runs_model(config):
-        return None
-    from hsd_cli.serving.model import VlmOptions  # imports torch: only when a VLM will run
-
-    return VlmOptions(
-        model=config.model,
-        device=config.device,
-        dtype=config.dtype,
-        trust_remote_code=config.trust_remote_code,
-        max_new_tokens=config.max_new_tokens,
-        baseline=config.baseline,
-        profile=config.profile,
-        reads_page=reads_page,
-        max_rows=max_rows,
-        sizing=sizing,
-    )
+def page_timeout_matters(config: ResolvedConfig) -> bool:
+    """--page-timeout changes output where the planner may leave a page it predicts far over it to
+    its draft (`--stages auto` with a model)."""
+    return config.model is not None and config.document.stages is Stages.AUTO
 
 
 # ConvertConfig fields that cannot change a document's output bytes: where outputs go, which
 # inputs are found, a password (a wrong one fails the document) and trusting a model's own code
-# (a model that needs it fails without it). Every other field is in `output_config`.
+# (a model that needs it fails without it). Every other field is in `output_config`: a document
+# option as given, a model option as resolved (ModelConfig has a field of the same name).
 OUTPUT_NEUTRAL_FIELDS = frozenset({"output_dir", "recursive", "password", "trust_remote_code"})
+_DOCUMENT_FIELDS = tuple(f.name for f in fields(DocumentConfig) if f.name not in OUTPUT_NEUTRAL_FIELDS)
+_MODEL_FIELDS = tuple(
+    f.name for f in fields(ConvertConfig) if f.name not in OUTPUT_NEUTRAL_FIELDS and f.name not in _DOCUMENT_FIELDS
+)
 
 
-def page_timeout_matters(config: ConvertConfig) -> bool:
-    """--page-timeout changes output where the planner may leave a page it predicts far over it to
-    its draft (`--stages auto` with a model)."""
-    return config.model is not None and config.stages is Stages.AUTO
-
-
-def output_config(config: ConvertConfig, page_timeout: float) -> dict[str, object]:
+def output_config(config: ResolvedConfig) -> dict[str, object]:
     """The options that change output bytes (recorded in the JSON, hashed for resume)."""
 
     def plain(value: object) -> object:
         return value if value is None or isinstance(value, (bool, int, float)) else str(value)
 
-    options = {key: plain(value) for key, value in asdict(config).items() if key not in OUTPUT_NEUTRAL_FIELDS}
-    return options | ({"page_timeout": page_timeout} if page_timeout_matters(config) else {})
+    document = {key: plain(getattr(config.document, key)) for key in _DOCUMENT_FIELDS}
+    model = {key: plain(getattr(config.model, key)) if config.model else None for key in _MODEL_FIELDS}
+    timeout = {"page_timeout": config.schedule.page_timeout} if page_timeout_matters(config) else {}
+    return document | model | timeout
 
 
-def config_hash(config: ConvertConfig, page_timeout: float) -> str:
-    canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config, page_timeout)}, sort_keys=True)
+def config_hash(config: ResolvedConfig) -> str:
+    canonical = json.dumps({"schema": SCHEMA_VERSION, **output_config(config)}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

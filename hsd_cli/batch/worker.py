@@ -57,7 +57,7 @@ def run_document(task: DocumentTask, emit: Callable[[str, Any], None], alone: bo
     if not alone:
         emit("doc_waiting", {})
     # Imported here, in the worker only: the models and their libraries stay out of the parent.
-    from hsd_cli.document.pipeline import process_document
+    from hsd_cli.document.writing import process_document
 
     with holding(lambda state: emit(f"doc_{state}", {}), waiting=not alone):
         if alone:

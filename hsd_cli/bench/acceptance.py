@@ -45,7 +45,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
         output = pair.output.read_text(encoding="utf-8").strip()
         document, _ = open_document(pair.document, sniff_kind(pair.document), None)
         with document:
-            draft = draft_page(make_draft_backend(defaults, pair.document.stem), document[pair.page_no - 1])
+            draft = draft_page(make_draft_backend(defaults.document, pair.document.stem), document[pair.page_no - 1])
         outputs_so_far = earlier.setdefault(pair.document, [])
         dialect = settled(settings, outputs_so_far)
         drafts = tuple(page_drafts(draft.blocks, dialect, page_size=draft.size_pt))  # as --stages page drafts

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from hsd_cli.serving.model import VlmModel, VlmOptions
+    from hsd_cli.config import ConvertConfig
+    from hsd_cli.serving.model import VlmModel
 
 
 def bench_model_path(model: str) -> str:
@@ -23,25 +24,26 @@ def bench_model_path(model: str) -> str:
         raise typer.Exit(4) from None
 
 
-def bench_model(options: VlmOptions, threads: int | None) -> VlmModel:
-    """The model of `options` (exit 4 where it, its device or transformers cannot be used; exit 2
+def bench_model(config: ConvertConfig, threads: int | None) -> VlmModel:
+    """The model of `config`, resolved as `hsd convert` resolves it (exit 4 where it, its device or transformers cannot be used; exit 2
     for a family hsd does not serve), with `threads` torch threads and transformers kept quiet."""
     import torch
     from transformers.utils import logging as hf_logging
 
     from hsd_cli.decoding.hf_target.families import UnsupportedFamilyError
-    from hsd_cli.serving.model import ModelUnavailableError, VlmModel, preflight
+    from hsd_cli.serving.model import VlmModel
+    from hsd_cli.serving.resolve import ModelUnavailableError, resolve_model
 
     if threads:
         torch.set_num_threads(threads)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     try:
-        preflight(options)
+        model = resolve_model(config)
     except ModelUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(4) from None
     except UnsupportedFamilyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
-    return VlmModel(options)
+    return VlmModel(model)

@@ -136,7 +136,8 @@ def bench_pages(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """Every page of `documents` through every arm; totals per page kind and arm."""
-    from hsd_cli.document.pipeline import DocumentSoFar, draft_stage
+    from hsd_cli.document.drafting import draft_stage
+    from hsd_cli.document.pipeline import DocumentSoFar
     from hsd_cli.stages.draft import make_draft_backend
     from hsd_cli.stages.planner import crop_side, page_kind, picture_side
     from hsd_cli.stages.rasterize import DocumentError, open_document
@@ -151,11 +152,11 @@ def bench_pages(
         except DocumentError as exc:
             progress(f"{path}: skipped ({exc})")
             continue
-        backend = make_draft_backend(config, path.stem)
+        backend = make_draft_backend(config.document, path.stem)
         so_far = {arm: DocumentSoFar() for arm in arms}
         with pdf:
             for page in pdf:
-                drafted = draft_stage(page, backend, config)
+                drafted = draft_stage(page, backend, config.document)
                 if not warmed:  # lazy initialisation is not timed
                     model.target.generate_plainly(drafted.picture, model.settings.page_prompt, 1)
                     warmed = True
@@ -233,14 +234,12 @@ def pipeline(
     import torch
 
     from hsd_cli.bench.loading import bench_model, bench_model_path
-    from hsd_cli.serving.model import VlmOptions
-
-    options = VlmOptions(
-        model=bench_model_path(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens,
-        profile=profile,
+    # The draft settings of hsd convert's defaults.
+    config = ConvertConfig(
+        output_dir=Path("."), model=bench_model_path(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+        max_new_tokens=max_new_tokens, profile=profile,
     )
-    vlm = bench_model(options, threads)
-    config = ConvertConfig(output_dir=Path("."), model=options.model)  # the draft settings of hsd convert's defaults
+    vlm = bench_model(config, threads)
     report = bench_pages(vlm, documents, chosen, config, progress=lambda line: print(line, file=sys.stderr))
     report.update(
         model=model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),

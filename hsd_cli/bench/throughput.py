@@ -104,13 +104,13 @@ def corpus_pages(documents: Sequence[InputDocument], model: VlmModel, progress: 
     from pathlib import Path
 
     from hsd_cli.config import ConvertConfig
-    from hsd_cli.document.pipeline import draft_stage
+    from hsd_cli.document.drafting import draft_stage
     from hsd_cli.stages.dialect import page_drafts
     from hsd_cli.stages.draft import make_draft_backend
     from hsd_cli.stages.planner import page_kind
     from hsd_cli.stages.rasterize import DocumentError, open_document
 
-    config = ConvertConfig(output_dir=Path("."), model=model.options.model)
+    config = ConvertConfig(output_dir=Path("."), model=model.config.model)
     pages = []
     for document in documents:
         try:
@@ -118,11 +118,11 @@ def corpus_pages(documents: Sequence[InputDocument], model: VlmModel, progress: 
         except DocumentError as exc:
             progress(f"{document.path}: skipped ({exc})")
             continue
-        backend = make_draft_backend(config, document.path.stem)
+        backend = make_draft_backend(config.document, document.path.stem)
         with pdf:
             for pdf_page in pdf:
                 started = process_time()
-                page = draft_stage(pdf_page, backend, config)
+                page = draft_stage(pdf_page, backend, config.document)
                 drafts = tuple(page_drafts(page.blocks, model.settings))
                 pages.append(CorpusPage(f"{document.path}#{page.page_no}", page_kind(page.backend), page.picture, drafts,
                                         process_time() - started))
@@ -299,11 +299,13 @@ def throughput(
     import torch
 
     from hsd_cli.bench.loading import bench_model, bench_model_path
-    from hsd_cli.serving.model import VlmOptions
+    from pathlib import Path
 
-    options = VlmOptions(model=bench_model_path(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                         max_new_tokens=max_new_tokens, profile=profile)
-    vlm = bench_model(options, threads)
+    from hsd_cli.config import ConvertConfig
+
+    config = ConvertConfig(output_dir=Path("."), model=bench_model_path(model), device=device, dtype=dtype,
+                           trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens, profile=profile)
+    vlm = bench_model(config, threads)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr)

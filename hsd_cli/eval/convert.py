@@ -23,7 +23,8 @@ class ConvertRequest:
 def convert_inputs(request: ConvertRequest, console: Console) -> dict[str, Any]:
     """Convert with the converter's own runner (documents already done in OUTDIR are kept)."""
     from hsd_cli.output.manifest import OutputLockedError
-    from hsd_cli.batch.runner import ExitCode, Reporter, run_convert
+    from hsd_cli.batch.reporting import Reporter
+    from hsd_cli.batch.runner import ExitCode, run_convert
 
     if not request.inputs.exists():
         raise EvalInputError(f"--inputs not found: {request.inputs}")

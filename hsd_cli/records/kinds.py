@@ -61,8 +61,16 @@ class PageFlag(StrEnum):
     EMPTY = "empty"  # the model read nothing where the draft has text: the page is written empty
     TRUNCATED = "truncated"  # the model's reading stopped at the token budget
     ROTATED = "rotated"  # the model's front matter turned the page; the reading is of the turned page
-    OUTSIDE_REPLAY_SET = "outside_replay_set"  # a replay model (a benchmark stand-in) recited another page
     DEGRADED = "degraded"  # the draft came from OCR of the rendering, or its layout saw part of the page
+
+
+@dataclass(frozen=True)
+class ReaderNote:
+    """What a reader says of its own reading of a page (serving.reader.Reader.page_note): a flag
+    of its own after the page's flags, and the notice the user is told."""
+
+    flag: str
+    notice: str
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ class Page:
     plan: Plan | None = None  # None: no model runs
     reading: Reading | None = None  # None: the model did not read the page
     text: str | None = None  # the model's reading as the user gets it; None: the draft blocks are the text
-    flags: tuple[PageFlag, ...] = ()
+    flags: tuple[PageFlag | str, ...] = ()  # a str: a reader's own flag (records.kinds.ReaderNote)
     draft_from: int | None = None  # the first of `blocks` whose draft follows a reading the model broke off
     notice: str | None = None  # the one line a user is told where the page is not the model's full reading
     timings: dict[str, float] = field(default_factory=dict)

@@ -105,7 +105,7 @@ def prepare(
                 raise ReplayInputError(f"{pair.output.name}: {source} has no page {pair.page_no}")
             page = doc[pair.page_no - 1]
             drafted = draft_page(
-                make_draft_backend(defaults, pair.document.stem), page, render_page(page, defaults.dpi, defaults.max_pixels)
+                make_draft_backend(defaults.document, pair.document.stem), page, render_page(page, defaults.dpi, defaults.max_pixels)
             )
         page_id = f"p{index:03d}"
         drafted.picture.save(data_dir / "images" / f"{page_id}.png")

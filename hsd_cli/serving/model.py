@@ -1,133 +1,61 @@
-"""The VLM that the region and page stages share: options, the checks before any work, and the
-model loaded once per worker."""
+"""The model a worker loads once and every stage reads through (the `Reader` of serving.reader):
+the target, the batching engine that the documents in flight share, the page deadlines and the
+load sizers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
+from importlib import import_module
 
 from PIL import Image
 
+from hsd_cli.config import ModelConfig, Sizing
 from hsd_cli.decoding import (
-    DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, ReadSizers, UnsupportedTransformersError, check_cache_layout, decode_batch,
-    load_target, make_proposer,
+    DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result, load_target,
+    make_proposer,
 )
-from hsd_cli.decoding.hf_target.families import adapter_for
-from hsd_cli.config import Sizing
-from hsd_cli.models.family_settings import ModelSettings, model_type_of, settings_for
+from hsd_cli.decoding.proposer import Proposer
+from hsd_cli.models.family_settings import ModelSettings, settings_for
+from hsd_cli.profiles import load_profile, square_side
+from hsd_cli.records.kinds import ReaderNote
 from hsd_cli.serving.pipeline_lock import released, waited_s
-from hsd_cli.profiles import Profile, load_profile, profile_name, square_side
-
-
-@dataclass(frozen=True)
-class VlmOptions:
-    model: str
-    device: str | None = None
-    dtype: str | None = None
-    trust_remote_code: bool = False
-    max_new_tokens: int | None = None  # None: the family's setting
-    baseline: bool = False  # also decode plainly, to measure the speedup
-    # Rows in flight: above 1, the pages that the worker's threads read at once share one batch.
-    max_rows: int = 1
-    sizing: Sizing = Sizing.PAGE  # with max_rows above 1: trees sized per page or for the whole batch (config.Sizing)
-    profile: str | None = None  # the cost profile `--stages auto` plans with (None: the stored one of this model, if any)
-    # Does the model read this page? A replay model (a benchmark stand-in) recites only the pages it
-    # was built on; `hsd convert` gives its check. None: the model reads any page.
-    reads_page: Callable[[Image.Image], bool] | None = None
-
-
-class PageTimedOut(Exception):
-    """The page ran past its deadline (--page-timeout): its rows left the batch unfinished."""
-
+from hsd_cli.serving.reader import PageTimedOut, Reader
 
 # Per thread (a page each): the time.monotonic() past which the page's reads stop (None: no limit),
 # and the thread's seconds waited for other documents' turns by then (the deadline moves by more).
 _page_deadline: ContextVar[tuple[float | None, float]] = ContextVar("page_deadline", default=(None, 0.0))
 
 
-class ModelUnavailableError(RuntimeError):
-    """The model, the device or the installed transformers cannot be used; raised before any
-    work (exit code 4)."""
-
-    def __init__(self, message: str, hint: str | None = "give a local model directory, or a hub id that is in the HF cache"):
-        super().__init__(message)
-        self.hint = hint
-
-
-def preflight(options: VlmOptions) -> str:
-    """Check, without loading weights, that the model resolves, the device exists and the
-    installed transformers is one the decoder knows; returns the model family (`model_type`).
-    A family hsd does not serve or refuses raises UnsupportedFamilyError, and a family settings
-    file that cannot be used SettingsFileError, here, once, rather than failing every document in
-    the workers."""
-    import torch
-
-    try:
-        check_cache_layout()
-    except UnsupportedTransformersError as exc:
-        raise ModelUnavailableError(str(exc), hint=None) from None
-
-    device = options.device or ""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelUnavailableError(f"--device {device}: no CUDA device is available to this torch", hint=None)
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise ModelUnavailableError("--device mps: MPS is not available", hint=None)
-    try:
-        family = model_type_of(options.model)
-    except (OSError, ValueError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelUnavailableError(f"cannot load model {options.model!r}: {first_line}") from None
-    adapter_for(family)
-    settings_for(family)
-    if options.profile:
-        try:
-            load_profile(options.profile)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelUnavailableError(
-                f"cannot read cost profile {options.profile!r}: {exc}", hint="make one with `hsd profile --model ...`"
-            ) from None
-    return family
-
-
-def cost_profile(options: VlmOptions, device: str, dtype: str) -> Profile | None:
-    """The profile named by --profile, else the one `hsd profile --model` stored for this model,
-    device and dtype; None where there is none (`auto` then plans by a fixed rule)."""
-    if options.profile:
-        return load_profile(options.profile)
-    try:
-        return load_profile(profile_name(options.model, device, dtype))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 class VlmModel:
     """One loaded model, reused for every page a worker converts."""
 
-    @staticmethod
-    @cache
-    def shared(options: VlmOptions) -> VlmModel:
-        """The worker's instance for these options: the model loads once per worker process."""
-        return VlmModel(options)
-
-    def __init__(self, options: VlmOptions) -> None:
-        self.options = options
+    def __init__(self, config: ModelConfig, rows: int = 1, sizing: Sizing = Sizing.PAGE) -> None:
+        self.config = config
         self.target = load_target(
-            options.model, device=options.device, dtype=options.dtype, trust_remote_code=options.trust_remote_code
+            config.model, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code
         )
         self.settings: ModelSettings = settings_for(self.target.model_type)
-        budget = options.max_new_tokens or self.settings.max_new_tokens
-        self.decode_config = DecodeConfig(max_new_tokens=budget)
-        self.profile = cost_profile(options, str(self.target.device), str(self.target.dtype).removeprefix("torch."))
+        self.decode_config = DecodeConfig(max_new_tokens=config.max_new_tokens)
+        self.profile = load_profile(config.profile) if config.profile else None
         self.engine = None
-        if options.max_rows > 1:
+        if rows > 1:
             from hsd_cli.decoding.engine import BatchingEngine
 
-            self.engine = BatchingEngine(self.target, self.decode_config, max_rows=options.max_rows)
-        rows = options.max_rows if self.engine is not None else 1
-        self.read_sizers = ReadSizers(self.profile.step_s, rows, options.sizing is Sizing.BATCH) if self.profile else None
+            self.engine = BatchingEngine(self.target, self.decode_config, max_rows=rows)
+        self.read_sizers = ReadSizers(self.profile.step_s, rows, sizing is Sizing.BATCH) if self.profile else None
+
+    def encode(self, text: str) -> list[int]:
+        return self.target.encode(text)
+
+    def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
+        return make_proposer(self.target, drafts, self.settings.draft_match, growing=growing)
+
+    def result(self, tokens: list[int], stats: DecodeStats, stop_reason: str) -> DecodeResult:
+        return decode_result(self.target, tokens, stats, stop_reason)
 
     def sizer(self, picture: Image.Image) -> LoadSizer | None:
         """With a cost profile, each step verifies as many draft nodes as the profile prices best
@@ -168,8 +96,7 @@ class VlmModel:
 
     def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult:
         """One picture read, verifying `drafts` (matched as the family's settings say)."""
-        proposer = make_proposer(self.target, drafts, self.settings.draft_match)
-        return self.decode_batch([DecodeRequest(picture, prompt, proposer)], sizer=self.sizer(picture))[0]
+        return self.decode_batch([DecodeRequest(picture, prompt, self.proposer(drafts))], sizer=self.sizer(picture))[0]
 
     def generate_plainly(self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False) -> list[int]:
         """transformers' own generate, with the model to itself between the shared batch's steps."""
@@ -178,6 +105,16 @@ class VlmModel:
         with released(), self.engine.exclusive():
             return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
 
-    def outside_replay_set(self, picture: Image.Image) -> bool:
-        """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""
-        return self.options.reads_page is not None and not self.options.reads_page(picture)
+    def page_note(self, picture: Image.Image) -> ReaderNote | None:
+        return None
+
+
+@cache
+def shared_reader(config: ModelConfig, rows: int, sizing: Sizing) -> Reader:
+    """The worker's reader for these configs: the model loads once per worker process, wrapped as
+    `config.reader_wrapper` names (a "module:callable" taking the reader and the config)."""
+    reader: Reader = VlmModel(config, rows, sizing)
+    if config.reader_wrapper:
+        module, name = config.reader_wrapper.split(":")
+        reader = getattr(import_module(module), name)(reader, config)
+    return reader

@@ -1,7 +1,7 @@
 """Rows the model keeps in flight where `--max-rows` is not given: by default, as many as the KV
 cache's share of the device's memory holds, and no more than the run's documents split into
 (`run_parts`: a long document splits into parts of at least config.MIN_PART_PAGES pages, each a
-row; the runner's default_max_rows).
+row; batch.resolve.default_rows).
 
 On a GPU (or MPS) a row is budgeted at its longest: the prompt of an A4 page at the run's render
 size plus the family's `max_new_tokens`, so that no mix of pages outgrows the cache. The budget
@@ -24,8 +24,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from hsd_cli.config import most_parts, select_pages
-from hsd_cli.serving.model import VlmOptions
+from hsd_cli.config import ModelConfig, most_parts, select_pages
 
 GIB = 1 << 30
 MAX_DEFAULT_ROWS = 256  # vLLM's default max_num_seqs
@@ -59,33 +58,26 @@ def bounded(*rows: int) -> int:
     return max(1, min(MAX_DEFAULT_ROWS, *rows))
 
 
-def default_rows(options: VlmOptions, dpi: int, max_pixels: int) -> RowsChoice:
+def device_rows_choice(model: ModelConfig, dpi: int, max_pixels: int) -> RowsChoice:
     """The rows a run with this model and render size keeps in flight by default."""
     from transformers import AutoConfig
 
-    from hsd_cli.decoding.hf_target.devices import default_device, default_dtype
-    from hsd_cli.decoding.hf_target.footprint import (
-        device_memory,
-        model_footprint,
-        prompt_tokens,
-    )
-    from hsd_cli.models.family_settings import settings_for
     from hsd_cli.processes import available_memory
+    from hsd_cli.decoding.hf_target.footprint import device_memory, model_footprint, prompt_tokens
+    from hsd_cli.models.family_settings import settings_for
     from hsd_cli.stages.rasterize import render_scale
 
-    device = options.device or default_device()
-    device_bytes = device_memory(device)
+    device_bytes = device_memory(model.device)
     if device_bytes is None:
         return RowsChoice(1, "the model runs on the CPU; --max-rows N keeps more in flight")
-    config = AutoConfig.from_pretrained(options.model, trust_remote_code=options.trust_remote_code)
-    footprint = model_footprint(config, options.dtype or default_dtype(device), options.trust_remote_code)
+    config = AutoConfig.from_pretrained(model.model, trust_remote_code=model.trust_remote_code)
+    footprint = model_footprint(config, model.dtype, model.trust_remote_code)
     scale = render_scale(A4_PT, dpi, max_pixels)
     page = Image.new("RGB", (round(A4_PT[0] * scale), round(A4_PT[1] * scale)), "white")
-    settings = settings_for(config.model_type)
-    tokens = prompt_tokens(options.model, config.model_type, page, settings.page_prompt, options.trust_remote_code)
-    tokens += options.max_new_tokens or settings.max_new_tokens
+    prompt = settings_for(model.family).page_prompt
+    tokens = prompt_tokens(model.model, model.family, page, prompt, model.trust_remote_code) + model.max_new_tokens
     on_device = device_rows(device_bytes, footprint.weight_bytes, tokens * footprint.kv_bytes_per_token)
-    why = f"{device}'s {device_bytes / GIB:.0f} GiB hold {on_device} rows of {tokens:,} tokens"
+    why = f"{model.device}'s {device_bytes / GIB:.0f} GiB hold {on_device} rows of {tokens:,} tokens"
     host_bytes = available_memory()
     if host_bytes is None:
         return RowsChoice(bounded(on_device), why)

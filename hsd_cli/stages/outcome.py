@@ -9,7 +9,7 @@ import re
 from dataclasses import replace
 
 from hsd_cli.records.page import Page, Reading
-from hsd_cli.records.kinds import Block, BlockKind, PageFlag
+from hsd_cli.records.kinds import Block, BlockKind, PageFlag, ReaderNote
 
 # Page furniture is never in a reading, so it says nothing about where the reading stopped.
 _FURNITURE = {BlockKind.PAGE_HEADER, BlockKind.PAGE_FOOTER}
@@ -42,14 +42,15 @@ def _draft_text_chars(blocks: tuple[Block, ...]) -> int:
     return sum(len(block.text.strip()) for block in blocks if block.kind not in _FURNITURE)
 
 
-def model_reading(drafted: Page, read: Reading, budget: int, outside_replay_set: bool) -> Page:
+def model_reading(drafted: Page, read: Reading, budget: int, reader_note: ReaderNote | None = None) -> Page:
     """The page as the model read it. Where it looped, its reading up to the loop and then the
     draft's blocks it had not reached; where it read nothing, an empty page (a blank page's
-    reading), flagged `empty` where the draft has text."""
+    reading), flagged `empty` where the draft has text. `reader_note`: what the reader says of
+    its own reading, first."""
     flags, notices = [PageFlag.VLM], []
-    if outside_replay_set:
-        flags.append(PageFlag.OUTSIDE_REPLAY_SET)
-        notices.append("the replay model was not built on this page; its output recites another page and is not a reading of this one")
+    if reader_note is not None:
+        flags.append(reader_note.flag)
+        notices.append(reader_note.notice)
     if read.rotation:
         flags.append(PageFlag.ROTATED)
     result, draft_from = read.result, None

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hsd_cli.decoding import DecodeRequest, make_proposer
+from hsd_cli.decoding import DecodeRequest
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Page, Reading
 from hsd_cli.stages.dialect import page_drafts
@@ -20,23 +20,22 @@ from hsd_cli.stages.page_stage import page_stage
 from hsd_cli.stages.region import planned_crops, region_result
 
 if TYPE_CHECKING:
-    from hsd_cli.serving.model import VlmModel
+    from hsd_cli.serving.reader import Reader
 
 # Region rows beside the page row; the blocks after them keep their pipeline drafts.
 PACKED_REGIONS = 15
 
 
-def packed_stage(model: VlmModel, page: Page, regions: Collection[str], settings: ModelSettings) -> Reading:
+def packed_stage(model: Reader, page: Page, regions: Collection[str], settings: ModelSettings) -> Reading:
     """The page's reading with the region results of the blocks of `regions` (the first
     PACKED_REGIONS that have a crop), decoded together. The page row starts from the pipeline's
     drafts (every block's); rows are prefilled apart, so the crops cost no padding to the page's
     length."""
-    target, match = model.target, model.settings.draft_match
     planned = planned_crops(model, page, regions, settings)[:PACKED_REGIONS]
     drafts = page_drafts(page.blocks, settings, page_size=page.size_pt)
-    page_row = DecodeRequest(page.picture, model.settings.page_prompt, make_proposer(target, drafts, match, growing=True))
+    page_row = DecodeRequest(page.picture, model.settings.page_prompt, model.proposer(drafts, growing=True))
     region_rows = [
-        DecodeRequest(crop, prompt, make_proposer(target, texts, match), feeds=0) for _, (crop, prompt, texts) in planned
+        DecodeRequest(crop, prompt, model.proposer(texts), feeds=0) for _, (crop, prompt, texts) in planned
     ]
     packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.picture))
     results = tuple(region_result(block, result, settings) for (block, _), result in zip(planned, region_results, strict=True))

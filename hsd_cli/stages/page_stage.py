@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeResult, DecodeStats, decode_result, repetition_stop
+from hsd_cli.decoding import DecodeResult, DecodeStats, repetition_stop
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Reading
 from hsd_cli.stages.dialect import DIALECT_KEYS, split_front_matter
@@ -20,7 +20,7 @@ from hsd_cli.stages.grounding import split_grounding
 from hsd_cli.records.totals import BaselineCheck
 
 if TYPE_CHECKING:
-    from hsd_cli.serving.model import VlmModel
+    from hsd_cli.serving.reader import Reader
 
 # A page whose front matter says it is rotated is turned by the model's correction and read again,
 # as olmOCR does (its pipeline turns the image with these transposes, up to 8 reads; hsd: 4).
@@ -37,7 +37,7 @@ def rotation_correction(front_matter: dict[str, Any] | None) -> int:
 
 
 def page_stage(
-    model: VlmModel, picture: Image.Image, drafts: list[str], settings: ModelSettings, upright: DecodeResult | None = None,
+    model: Reader, picture: Image.Image, drafts: list[str], settings: ModelSettings, upright: DecodeResult | None = None,
 ) -> Reading:
     """The page's reading, verifying `drafts` (`upright`: the upright picture's reading where it
     was decoded already, as the packed stage does); where the output's front matter says the page
@@ -49,7 +49,7 @@ def page_stage(
     return upright_read(picture, settings, read, upright)
 
 
-def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSettings) -> Reading:
+def plain_page_stage(model: Reader, picture: Image.Image, settings: ModelSettings) -> Reading:
     """The page read with transformers' own generate (plain greedy, one forward per token), turned
     and read again as `page_stage` does: what a user of the model runs without hsd."""
     config = model.decode_config
@@ -60,7 +60,7 @@ def plain_page_stage(model: VlmModel, picture: Image.Image, settings: ModelSetti
         stats = DecodeStats(forwards=len(tokens), new_tokens=len(tokens), steps=[(1, 1, i) for i in range(1, len(tokens))])
         looped = config.repetition_guard and repetition_stop(tokens) == len(tokens)
         stop = "repetition" if looped else "budget" if len(tokens) >= config.max_new_tokens else "eos"
-        return decode_result(model.target, tokens, stats, stop)
+        return model.result(tokens, stats, stop)
 
     return upright_read(picture, settings, read)
 
@@ -93,7 +93,7 @@ def upright_read(
         result = read(turned(picture, rotation))
 
 
-def baseline_check(model: VlmModel, picture: Image.Image, read: Reading) -> BaselineCheck:
+def baseline_check(model: Reader, picture: Image.Image, read: Reading) -> BaselineCheck:
     """The picture the page stage last read (`picture` turned as it was) decoded with
     transformers' own generate (same model, dtype and cache: the baseline a user would otherwise
     run) without hsd's repetition guard, compared token by token with the page stage's output;

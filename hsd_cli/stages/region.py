@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeRequest, DecodeResult, make_proposer
+from hsd_cli.decoding import DecodeRequest, DecodeResult
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Page
 from hsd_cli.records.kinds import Block
@@ -21,13 +21,13 @@ from hsd_cli.stages.rasterize import crop_block
 from hsd_cli.records.totals import RegionResult
 
 if TYPE_CHECKING:
-    from hsd_cli.serving.model import VlmModel
+    from hsd_cli.serving.reader import Reader
 
 REGION_BATCH = 8  # crops decoded together (the planner prices the same batches)
 
 
 def planned_crops(
-    model: VlmModel, page: Page, regions: Collection[str], settings: ModelSettings,
+    model: Reader, page: Page, regions: Collection[str], settings: ModelSettings,
 ) -> list[tuple[Block, tuple[Image.Image, str, list[str]]]]:
     """Each block of `regions` (ids) that drafts the page and has a crop, in reading order, with
     its (crop, region prompt, drafts in the family's dialect)."""
@@ -47,7 +47,7 @@ def region_result(block: Block, result: DecodeResult, settings: ModelSettings) -
     return RegionResult(block.id, text if usable else None, result.stop_reason, result.stats)
 
 
-def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings: ModelSettings) -> tuple[RegionResult, ...]:
+def region_stage(model: Reader, page: Page, regions: Collection[str], settings: ModelSettings) -> tuple[RegionResult, ...]:
     """One result per block of `regions` that has a crop, in reading order; crops decoded in batches."""
     planned = planned_crops(model, page, regions, settings)
     if not planned:
@@ -57,7 +57,7 @@ def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     results: list[DecodeResult] = []
     for start in range(0, len(planned), REGION_BATCH):
         requests = [
-            DecodeRequest(crop, prompt, make_proposer(model.target, drafts, model.settings.draft_match))
+            DecodeRequest(crop, prompt, model.proposer(drafts))
             for _, (crop, prompt, drafts) in planned[start : start + REGION_BATCH]
         ]
         results += model.decode_batch(requests, sizer=sizer)

@@ -11,7 +11,7 @@ from typing import Protocol
 import pymupdf
 from pymupdf4llm.helpers.utils import analyze_page
 
-from hsd_cli.config import ConvertConfig, DraftBackendName
+from hsd_cli.config import DocumentConfig, DraftBackendName
 from hsd_cli.records.page import Page
 from hsd_cli.records.kinds import Block
 from hsd_cli.stages.draft.layout import MAX_LAYOUT_DRAWINGS, drawings_beyond_layout
@@ -54,7 +54,7 @@ class AutoDraft:
         return self.run(page)[1]
 
 
-def make_draft_backend(config: ConvertConfig, document_stem: str) -> DraftBackend:
+def make_draft_backend(config: DocumentConfig, document_stem: str) -> DraftBackend:
     match config.draft_backend:
         case DraftBackendName.PDF_TEXT:
             return PdfTextDraft(RenderingOcr(config.dpi, config.max_pixels))

@@ -1,0 +1,53 @@
+"""The narrow face of the model runtime that the stages call: a `Reader` reads pictures with a
+prompt, verifying drafts, or plainly. The stages know nothing else of the runtime; a wrapper (a
+benchmark stand-in's, named by `ModelConfig.reader_wrapper`) can stand between them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer
+    from hsd_cli.decoding.proposer import Proposer
+    from hsd_cli.models.family_settings import ModelSettings
+    from hsd_cli.profiles import Profile
+    from hsd_cli.records.kinds import ReaderNote
+
+
+class PageTimedOut(Exception):
+    """The page ran past its deadline (--page-timeout): its rows left the batch unfinished."""
+
+
+class Reader(Protocol):
+    settings: ModelSettings  # the family's prompts, drafts' dialect and matching
+    profile: Profile | None  # what a step and a prefill cost (None: no profile)
+    decode_config: DecodeConfig  # the token budget and the repetition guard
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
+        """The drafts as a proposer of this model's tokens, matched as the family's settings say."""
+
+    def result(self, tokens: list[int], stats: DecodeStats, stop_reason: str) -> DecodeResult:
+        """A plain decoding's tokens as a result (its text ends where a loop began)."""
+
+    def sizer(self, picture: Image.Image) -> LoadSizer | None: ...
+
+    def page_deadline(self, deadline: float | None) -> AbstractContextManager[None]:
+        """This thread's reads stop at `deadline` (time.monotonic(); None: no limit)."""
+
+    def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult: ...
+
+    def decode_batch(
+        self, requests: Sequence[DecodeRequest], *, separate_prefill: bool = False, sizer: LoadSizer | None = None,
+    ) -> list[DecodeResult]:
+        """Raises PageTimedOut where the page's deadline stopped the requests."""
+
+    def generate_plainly(self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False) -> list[int]: ...
+
+    def page_note(self, picture: Image.Image) -> ReaderNote | None:
+        """What the reader itself says of its reading of this page (a flag and a notice), if anything."""

@@ -1,0 +1,91 @@
+"""The model options resolved once, in the parent, before any worker starts: the model resolves,
+the device exists, the installed transformers is one the decoder knows, and every default (device,
+dtype, token budget, cost profile) is decided here, so that the workers only read them."""
+
+from __future__ import annotations
+
+from hsd_cli.config import ConvertConfig, ModelConfig
+
+
+class ModelUnavailableError(RuntimeError):
+    """The model, the device or the installed transformers cannot be used; raised before any
+    work (exit code 4)."""
+
+    def __init__(self, message: str, hint: str | None = "give a local model directory, or a hub id that is in the HF cache"):
+        super().__init__(message)
+        self.hint = hint
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelUnavailableError(f"--device {device}: no CUDA device is available to this torch", hint=None)
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelUnavailableError("--device mps: MPS is not available", hint=None)
+
+
+def _family(model: str) -> str:
+    from hsd_cli.decoding.hf_target.families import adapter_for
+    from hsd_cli.models.family_settings import model_type_of
+
+    try:
+        family = model_type_of(model)
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelUnavailableError(f"cannot load model {model!r}: {first_line}") from None
+    adapter_for(family)  # a family hsd does not serve or refuses raises UnsupportedFamilyError
+    return family
+
+
+def _device_name(device: str) -> str:
+    """The device as the loaded model names it (a stored profile's name holds it): cuda is cuda:0."""
+    return "cuda:0" if device == "cuda" else device
+
+
+def _profile(named: str | None, model: str, device: str, dtype: str) -> str | None:
+    """The profile named by --profile (it must load), else the one `hsd profile --model` stored for
+    this model, device and dtype, else None (`auto` then plans by a fixed rule, trees are whole)."""
+    from hsd_cli.profiles import load_profile, profile_name
+
+    if named:
+        try:
+            load_profile(named)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelUnavailableError(
+                f"cannot read cost profile {named!r}: {exc}", hint="make one with `hsd profile --model ...`"
+            ) from None
+        return named
+    stored = profile_name(model, _device_name(device), dtype)
+    try:
+        load_profile(stored)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return stored
+
+
+def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> ModelConfig | None:
+    """The model options of `config` complete (None where no model reads the pages). Raises
+    ModelUnavailableError, UnsupportedFamilyError or SettingsFileError (a family settings file
+    that cannot be used) here, once, rather than failing every document in the workers."""
+    if not config.runs_model:
+        return None
+    from hsd_cli.decoding import UnsupportedTransformersError, check_cache_layout
+    from hsd_cli.decoding.hf_target.devices import default_device, default_dtype
+    from hsd_cli.models.family_settings import settings_for
+
+    try:
+        check_cache_layout()
+    except UnsupportedTransformersError as exc:
+        raise ModelUnavailableError(str(exc), hint=None) from None
+    if config.device:
+        _check_device(config.device)
+    family = _family(config.model)
+    settings = settings_for(family)
+    device = config.device or default_device()
+    dtype = config.dtype or default_dtype(device)
+    return ModelConfig(
+        model=config.model, family=family, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code,
+        max_new_tokens=config.max_new_tokens or settings.max_new_tokens, baseline=config.baseline,
+        profile=_profile(config.profile, config.model, device, dtype), reader_wrapper=reader_wrapper,
+    )
