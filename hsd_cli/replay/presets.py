@@ -73,7 +73,7 @@ def default_model_dir(name: str) -> Path:
 
 @dataclass(frozen=True)
 class Recipe:
-    """The fast recipe (docs/BENCHMARKS.md, "Replay models by name"): what a preset build trains
+    """The fast recipe (docs/BENCHMARKS.md, "Replay model builds"): what a preset build trains
     with unless an option says otherwise."""
 
     steps: int
