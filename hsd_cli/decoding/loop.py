@@ -159,7 +159,8 @@ def _propose(active: list[DecodeSequence]) -> tuple[list[TokenTree], list[TokenT
             sized.setdefault(id(sequence.sizer), []).append(row)
     for rows in sized.values():
         sizer = active[rows[0]].sizer
-        width = sizer.width([active[r].request.proposer.kind for r in rows], [trees[r] for r in rows], [len(active[r].tokens) for r in rows])
+        kinds = [active[r].request.proposer.kind for r in rows]
+        width = sizer.width(kinds, [trees[r] for r in rows], [len(active[r].tokens) for r in rows])
         for row in rows:
             trees[row] = trees[row].first(width)
     return proposed, trees
