@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .loop import DecodeConfig, DecodeRequest, DecodeResult, RunningBatch, Target, _Sequence
+from .loop import DecodeConfig, DecodeRequest, DecodeResult, DecodeSequence, RunningBatch, Target
 from .sizing import LoadSizer
 
 
@@ -28,7 +28,7 @@ from .sizing import LoadSizer
 class _Call:
     """One caller's requests, keyed in the batch from `first_key` on."""
 
-    sequences: dict[int, _Sequence]
+    sequences: dict[int, DecodeSequence]
     results: list[DecodeResult | None]
     first_key: int
     done: threading.Event = field(default_factory=threading.Event)
@@ -74,7 +74,7 @@ class BatchingEngine:
             first = self._next_key
             self._next_key += len(requests)
             sequences = {
-                first + index: _Sequence(request, index, sizer, None if request.feeds is None else first + request.feeds)
+                first + index: DecodeSequence(request, index, sizer, None if request.feeds is None else first + request.feeds)
                 for index, request in enumerate(requests)
             }
             call = _Call(sequences, [None] * len(requests), first)

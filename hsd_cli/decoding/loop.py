@@ -94,7 +94,9 @@ class Target(Protocol):
 
 
 @dataclass
-class _Sequence:
+class DecodeSequence:
+    """A request as it decodes in a running batch: its row's output so far and why it ended."""
+
     request: DecodeRequest
     key: int  # the request's index among those decoded together: it keys sampling
     sizer: LoadSizer | None = None  # cuts this row's trees, with the other rows of the same sizer
@@ -128,7 +130,7 @@ class _Sequence:
 
 
 def _prefill(
-    target: Target, newcomers: dict[int, _Sequence], config: DecodeConfig, stop_ids: set[int], separately: bool
+    target: Target, newcomers: dict[int, DecodeSequence], config: DecodeConfig, stop_ids: set[int], separately: bool
 ) -> TargetState:
     """Prefill the newcomers (by request index) into a state of their own rows, each emitting its first token."""
     start = perf_counter()
@@ -146,12 +148,7 @@ def _prefill(
     return state
 
 
-def _kind(sequence: _Sequence) -> str:
-    """What acceptance is learned per (with the tree's evidence): the proposer's kind."""
-    return type(sequence.request.proposer).__name__
-
-
-def _propose(active: list[_Sequence]) -> tuple[list[TokenTree], list[TokenTree]]:
+def _propose(active: list[DecodeSequence]) -> tuple[list[TokenTree], list[TokenTree]]:
     """Each row's tree as proposed, and as cut to the width its sizer prices best for the rows it
     sizes (whole without a sizer)."""
     proposed = [s.request.proposer.propose(s.tokens) for s in active]
@@ -162,13 +159,14 @@ def _propose(active: list[_Sequence]) -> tuple[list[TokenTree], list[TokenTree]]
             sized.setdefault(id(sequence.sizer), []).append(row)
     for rows in sized.values():
         sizer = active[rows[0]].sizer
-        width = sizer.width([_kind(active[r]) for r in rows], [trees[r] for r in rows], [len(active[r].tokens) for r in rows])
+        kinds = [active[r].request.proposer.kind for r in rows]
+        width = sizer.width(kinds, [trees[r] for r in rows], [len(active[r].tokens) for r in rows])
         for row in rows:
             trees[row] = trees[row].first(width)
     return proposed, trees
 
 
-def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
+def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
     if sampling.near_lossless_tau is not None and sampling.greedy:
         return [
             accept_path_near_lossless(
@@ -184,7 +182,7 @@ def _verify(active: list[_Sequence], trees: TreeBatch, logits: torch.Tensor, sam
     return verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], sampling)
 
 
-def _step(target: Target, state: TargetState, active: list[_Sequence], config: DecodeConfig, stop_ids: set[int]) -> None:
+def _step(target: Target, state: TargetState, active: list[DecodeSequence], config: DecodeConfig, stop_ids: set[int]) -> None:
     start = perf_counter()
     proposed, row_trees = _propose(active)
     trees = batch_trees(row_trees)
@@ -196,7 +194,7 @@ def _step(target: Target, state: TargetState, active: list[_Sequence], config: D
     # Each row's accepted tokens are read from its own tree (Python tuples), not from the batch's tensors.
     for sequence, whole, tree, outcome in zip(active, proposed, row_trees, outcomes):
         if sequence.sizer is not None:
-            sequence.sizer.observe(_kind(sequence), tree, outcome.path, whole, outcome.bonus)
+            sequence.sizer.observe(sequence.request.proposer.kind, tree, outcome.path, whole, outcome.bonus)
         path_tokens = [tree.tokens[node] for node in outcome.path[1:]]
         sequence.request.proposer.observe(path_tokens)
         emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
@@ -218,13 +216,13 @@ class RunningBatch:
         self.config = config
         self.separate_prefill = separate_prefill
         self.stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
-        self.sequences: dict[int, _Sequence] = {}  # by batch key
+        self.sequences: dict[int, DecodeSequence] = {}  # by batch key
         self.state: TargetState | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def admit(self, newcomers: dict[int, _Sequence]) -> list[tuple[int, DecodeResult]]:
+    def admit(self, newcomers: dict[int, DecodeSequence]) -> list[tuple[int, DecodeResult]]:
         """Prefill the newcomers (by batch key) and join their rows; the rows that ended at their
         first token leave at once. A prefill that raises leaves the running rows as they were."""
         for sequence in newcomers.values():
@@ -264,22 +262,23 @@ class RunningBatch:
 
 def decode_stream(
     target: Target, requests: Iterable[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, max_rows: int,
-    separate_prefill: bool = False, sizer: LoadSizer | None = None, sizers: Callable[[int], LoadSizer] | None = None,
+    separate_prefill: bool = False, sizers: Callable[[int], LoadSizer | None] | None = None,
 ) -> Iterator[tuple[int, DecodeResult]]:
     """Continuous batching: decode `requests` with up to `max_rows` of them in the batch at once.
     Between steps, rows that ended leave and the next requests join (prefilled, then their cache
     joined to the running batch's); yields (request index, result) as each request ends. A row's
     tokens are its plain decoding's whatever rows share its forwards. `separate_prefill`: prefill
     each joining request alone (prompts of very different lengths then waste no prefill on
-    padding). A request that `feeds` another takes the other's index in `requests`. `sizer`: each
-    step verifies only as many of each tree's nodes as it prices best (sizing.py); whole trees
-    without one. `sizers`: instead, each request its own (by index), its acceptance learned afresh
-    for that request alone, as `hsd convert` sizes each page it reads."""
+    padding). A request that `feeds` another takes the other's index in `requests`. `sizers`: each
+    request's sizer, by its index; each step verifies only as many of each tree's nodes as its
+    sizer prices best for the rows it sizes (sizing.py); whole trees without one. One sizer for
+    every request learns acceptance from all of them; one each learns it afresh for that request
+    alone, as `hsd convert` sizes each page it reads."""
     batch = RunningBatch(target, config, separate_prefill)
     waiting = enumerate(requests)
     while True:
         newcomers = {
-            index: _Sequence(request, index, sizers(index) if sizers else sizer, request.feeds)
+            index: DecodeSequence(request, index, sizers(index) if sizers else None, request.feeds)
             for index, request in islice(waiting, max_rows - len(batch))
         }
         if newcomers:
@@ -294,10 +293,12 @@ def decode_batch(
     target: Target, requests: Sequence[DecodeRequest], config: DecodeConfig = DecodeConfig(), *, separate_prefill: bool = False,
     sizer: LoadSizer | None = None,
 ) -> list[DecodeResult]:
-    """Decode several requests together, all in one batch from the start (`decode_stream`'s
-    special case); results in request order."""
+    """Decode several requests together, all in one batch from the start and sized by one `sizer`
+    (`decode_stream`'s special case); results in request order."""
     results = dict(
-        decode_stream(target, requests, config, max_rows=max(1, len(requests)), separate_prefill=separate_prefill, sizer=sizer)
+        decode_stream(
+            target, requests, config, max_rows=max(1, len(requests)), separate_prefill=separate_prefill, sizers=lambda index: sizer,
+        )
     )
     return [results[index] for index in range(len(requests))]
 

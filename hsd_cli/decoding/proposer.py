@@ -35,6 +35,10 @@ class ProposerConfig:
 
 
 class Proposer(Protocol):
+    # What a sizer learns acceptance per (with each tree's evidence): proposers of one kind draft
+    # alike, so what one row of a kind accepted tells how the next row of that kind will.
+    kind: str  # "tokens" or "chars" (how it matches drafts, as `make_proposer` names it), "plain"
+
     def start(self) -> None:
         """Forget the per-sequence state (window, last tree) before decoding a sequence."""
 
@@ -51,6 +55,8 @@ class DraftSink(Protocol):
 
 class NoDraftProposer:
     """Plain decoding: every step verifies the root alone."""
+
+    kind = "plain"
 
     def start(self) -> None:
         pass
@@ -151,6 +157,8 @@ class DraftProposer:
     The next trie then also holds the draft after p + 1 (Y replaced the draft token) and from
     p + 1 on (Y was inserted), ranked first, as chains of up to `chain_max` tokens.
     """
+
+    kind = "tokens"
 
     def __init__(self, drafts: Sequence[Sequence[int]], config: ProposerConfig = ProposerConfig()):
         self.config = config
@@ -260,6 +268,8 @@ class TextDraftProposer:
     `min_chars`) found in the normalised drafts gives match points; the original draft text
     after each match point is re-tokenized into a chain. One match -> a chain, several -> a trie.
     """
+
+    kind = "chars"
 
     def __init__(
         self,

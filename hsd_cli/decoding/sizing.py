@@ -13,10 +13,10 @@ plain decoding's; one row on a device whose forward costs the same at any width 
 Trees are cut to their first nodes: proposers order nodes best first (parents before children), so
 a tree's first n nodes are its most promising subtree.
 
-Acceptance is learned from the run: per proposer kind and match evidence (`TokenTree.evidence`),
-the share of steps whose path, having reached depth d - 1 where the tree went on, reached depth d
-(a plain step of a row that had a draft counts at depth 1: its token tells whether the draft's first
-node would have been accepted).
+Acceptance is learned from the run: per proposer kind (`Proposer.kind`) and match evidence
+(`TokenTree.evidence`), the share of steps whose path, having reached depth d - 1 where the tree
+went on, reached depth d (a plain step of a row that had a draft counts at depth 1: its token tells
+whether the draft's first node would have been accepted).
 Knows nothing of models: `step_cost` is any function (a cost profile's `step_s`: the forward and
 the host work around it).
 """

@@ -69,7 +69,7 @@ def test_trees_cut_by_the_load_decode_as_generate_does(tiny_target, make_image):
     requests = [DecodeRequest(image, prompt, proposer) for (image, prompt), proposer in zip(cases, proposers)]
     sizer = LoadSizer(lambda rows, width, context: max(1.0, rows * width / 8))
     config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False)
-    finished = dict(decode_stream(tiny_target, requests, config, max_rows=2, sizer=sizer))
+    finished = dict(decode_stream(tiny_target, requests, config, max_rows=2, sizers=lambda index: sizer))
     assert [finished[index].tokens for index in range(len(cases))] == references
     widths = {width for result in finished.values() for _, width, _ in result.stats.steps}
     assert len(widths) >= 2, f"trees were cut to several widths: {widths}"

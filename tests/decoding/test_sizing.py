@@ -171,7 +171,7 @@ def test_sized_steps_decode_what_whole_trees_decode(price):
     def run(sizer):
         requests = [DecodeRequest(None, str(i), DraftProposer(d) if d else NoDraftProposer()) for i, d in enumerate(drafts)]
         return dict(decode_stream(NamedScriptTarget(texts), requests, DecodeConfig(max_new_tokens=200, repetition_guard=False),
-                                  max_rows=3, sizer=sizer))
+                                  max_rows=3, sizers=lambda index: sizer))
 
     whole, sized = run(None), run(LoadSizer(price))
     for index, text in enumerate(texts):
