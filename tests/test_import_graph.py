@@ -105,3 +105,30 @@ def test_a_cycle_or_a_benchmark_import_added_by_hand_is_found():
     graph = import_graph()
     graph["hsd_cli.stages.page_stage"].add("hsd_cli.replay.fingerprint")
     assert product_imports_of_benchmarks(graph) == [("hsd_cli.stages.page_stage", "hsd_cli.replay.fingerprint")]
+
+
+# What the stages may import of the model runtime: its face (the Reader protocol), nothing inside.
+SERVING_FACE = {"hsd_cli.serving", "hsd_cli.serving.reader"}
+
+
+def stage_imports_of_serving_internals(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        if module.startswith("hsd_cli.stages")
+        for target in targets
+        if target.startswith("hsd_cli.serving") and target not in SERVING_FACE
+    )
+
+
+def test_the_stages_call_the_model_runtime_through_its_reader_only():
+    graph = import_graph()
+    assert "hsd_cli.serving.reader" in graph["hsd_cli.stages.page_stage"], "the graph holds the stages' imports"
+    assert stage_imports_of_serving_internals(graph) == []
+    graph["hsd_cli.stages.region"].add("hsd_cli.serving.model")
+    assert stage_imports_of_serving_internals(graph) == [("hsd_cli.stages.region", "hsd_cli.serving.model")]
+
+
+def test_no_module_of_the_package_is_over_450_lines():
+    long = {module: lines for module, path in _modules().items() if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 450}
+    assert long == {}
