@@ -101,3 +101,19 @@ def test_document_threads_report_an_error_that_escapes_a_document(monkeypatch):
     assert sent == [(7, "doc_running", {})]
     assert [(channel, str(exc)) for channel, exc in errors] == [(7, "the pipeline cannot be imported")]
     assert threads.in_flight == 0
+
+
+def test_a_documents_clocks_stop_while_it_waits_for_another_document():
+    from hsd_cli.batch.worker import DocumentClocks, Limits
+
+    clocks = DocumentClocks.start(Limits(page_timeout=2.0, doc_timeout=10.0, max_docs_per_worker=1, page_kill_grace_s=1.0), now=0.0)
+    clocks.page_started(now=0.0)
+    assert not clocks.page_over(2.9) and clocks.page_over(3.0), "the page's timeout and the kill grace"
+    clocks.waits(now=1.0)
+    assert not clocks.page_over(100.0) and not clocks.doc_over(100.0), "no clock runs while it waits"
+    clocks.runs(now=5.0)
+    assert not clocks.page_over(6.9) and clocks.page_over(7.0), "the page's deadline moved by the 4 s waited"
+    clocks.page_done()
+    assert not clocks.page_over(1e9) and not clocks.doc_over(13.9) and clocks.doc_over(14.0)
+    clocks.resent()
+    assert clocks.waiting_since is None and clocks.doc_deadline == 14.0, "a resend keeps the document's clock"

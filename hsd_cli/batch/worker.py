@@ -155,6 +155,54 @@ class Limits:
     page_kill_grace_s: float = PAGE_KILL_GRACE_S
 
 
+@dataclass
+class DocumentClocks:
+    """A document's deadlines as the parent keeps them: --doc-timeout over the whole document and
+    --page-timeout (plus the kill grace) over the page in hand. They stop while the document waits
+    for another one in its process: that wait is the other document's time, not its own."""
+
+    limits: Limits
+    doc_deadline: float  # time.monotonic()
+    page_deadline: float = float("inf")
+    waiting_since: float | None = None  # None: the document is at work
+
+    @classmethod
+    def start(cls, limits: Limits, now: float) -> DocumentClocks:
+        return cls(limits, now + limits.doc_timeout if limits.doc_timeout else float("inf"))
+
+    def resent(self) -> None:
+        """A fresh worker takes the document: no page in hand, nothing waited for."""
+        self.page_deadline, self.waiting_since = float("inf"), None
+
+    def waits(self, now: float) -> None:
+        if self.waiting_since is None:
+            self.waiting_since = now
+
+    def runs(self, now: float) -> None:
+        if self.waiting_since is not None:
+            self.doc_deadline += now - self.waiting_since
+            self.page_deadline += now - self.waiting_since
+            self.waiting_since = None
+
+    def page_started(self, now: float) -> None:
+        if self.limits.page_timeout:
+            self.page_deadline = now + self.limits.page_timeout + self.limits.page_kill_grace_s
+
+    def page_done(self) -> None:
+        self.page_deadline = float("inf")
+
+    def poll_s(self, now: float) -> float:
+        """How long to wait for the worker's next event before looking at the clocks again."""
+        clock = 1.0 if self.waiting_since is not None else min(self.doc_deadline, self.page_deadline) - now
+        return max(0.05, min(1.0, clock))
+
+    def doc_over(self, now: float) -> bool:
+        return self.waiting_since is None and now >= self.doc_deadline
+
+    def page_over(self, now: float) -> bool:
+        return self.waiting_since is None and now >= self.page_deadline
+
+
 # (event name, payload) -> None; the parent's view of progress (for --events and the display).
 ProgressSink = Callable[[str, dict[str, Any]], None]
 
@@ -217,48 +265,41 @@ class WorkerPool:
                 sha256=task.sha256,
             )
 
-        doc_deadline = started + self.limits.doc_timeout if self.limits.doc_timeout else float("inf")
+        clocks = DocumentClocks.start(self.limits, started)
         lost_pages = dict(task.lost_pages)
         deaths: Counter[int | None] = Counter()  # worker deaths per page in flight (None: outside any)
         while True:
             worker = self._ready_worker()
             worker.submit(replace(task, lost_pages=lost_pages))
             current_page: int | None = None
-            page_deadline = float("inf")
-            # Since when the document waits for another in its process (None: it is at work). Its
-            # clocks stop meanwhile: the wait is the other document's time, not its own.
-            waiting_since: float | None = None
+            clocks.resent()
             while True:
                 if self.cancelled.is_set():
                     self.abort()
                     raise RunCancelled
-                now = time.monotonic()
-                clock = 1.0 if waiting_since is not None else min(doc_deadline, page_deadline) - now
-                event = worker.next_event(max(0.05, min(1.0, clock)))
+                event = worker.next_event(clocks.poll_s(time.monotonic()))
                 now = time.monotonic()
                 if event is not None:
                     name, payload = event
                     if name == "doc_done":
                         return payload
                     if name in DOCUMENT_STATES:  # for the clocks and the blame of a crash, not progress
-                        if name == "doc_waiting" and waiting_since is None:
-                            waiting_since = now
-                        elif name == "doc_running" and waiting_since is not None:
-                            doc_deadline += now - waiting_since
-                            page_deadline += now - waiting_since
-                            waiting_since = None
+                        if name == "doc_waiting":
+                            clocks.waits(now)
+                        elif name == "doc_running":
+                            clocks.runs(now)
                         continue
                     progress(name, payload)
                     if name == "page_started":
                         current_page = payload["page"]
-                        if self.limits.page_timeout:
-                            page_deadline = now + self.limits.page_timeout + self.limits.page_kill_grace_s
+                        clocks.page_started(now)
                     elif name == "page_done":
-                        current_page, page_deadline = None, float("inf")
+                        current_page = None
+                        clocks.page_done()
                     continue
-                if waiting_since is None and now >= doc_deadline:
+                if clocks.doc_over(now):
                     return given_up(DocStatus.TIMEOUT, f"stopped after --doc-timeout {self.limits.doc_timeout:g}s")
-                if waiting_since is None and now >= page_deadline:
+                if clocks.page_over(now):
                     self.abort()
                     progress("page_lost", {"page": current_page, "reason": "timeout"})
                     lost_pages[current_page] = "timeout"
