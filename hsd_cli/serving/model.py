@@ -13,9 +13,10 @@ from PIL import Image
 
 from hsd_cli.decoding import (
     DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, ReadSizers, UnsupportedTransformersError, check_cache_layout, decode_batch,
-    load_target, make_proposer,
+    draft_allowance, load_target, make_proposer,
 )
 from hsd_cli.decoding.hf_target.families import adapter_for
+from hsd_cli.decoding.repetition import NO_ALLOWANCE, RepetitionAllowance
 from hsd_cli.config import Sizing
 from hsd_cli.models.family_settings import ModelSettings, model_type_of, settings_for
 from hsd_cli.serving.pipeline_lock import released, waited_s
@@ -169,14 +170,19 @@ class VlmModel:
     def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult:
         """One picture read, verifying `drafts` (matched as the family's settings say)."""
         proposer = make_proposer(self.target, drafts, self.settings.draft_match)
-        return self.decode_batch([DecodeRequest(picture, prompt, proposer)], sizer=self.sizer(picture))[0]
+        request = DecodeRequest(picture, prompt, proposer, allowance=draft_allowance(self.target, drafts))
+        return self.decode_batch([request], sizer=self.sizer(picture))[0]
 
-    def generate_plainly(self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False) -> list[int]:
-        """transformers' own generate, with the model to itself between the shared batch's steps."""
+    def generate_plainly(
+        self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False,
+        allowance: RepetitionAllowance = NO_ALLOWANCE,
+    ) -> list[int]:
+        """transformers' own generate, with the model to itself between the shared batch's steps;
+        its repetition guard lets through the repetition `allowance` holds (`draft_allowance`)."""
         if self.engine is None:
-            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
+            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard, allowance)
         with released(), self.engine.exclusive():
-            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
+            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard, allowance)
 
     def outside_replay_set(self, picture: Image.Image) -> bool:
         """A replay model (a benchmark stand-in) recites the pages it was built on: is this not one?"""

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hsd_cli.decoding import DecodeRequest, make_proposer
+from hsd_cli.decoding import DecodeRequest, draft_allowance, make_proposer
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Page, Reading
 from hsd_cli.stages.dialect import page_drafts
@@ -34,9 +34,14 @@ def packed_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     target, match = model.target, model.settings.draft_match
     planned = planned_crops(model, page, regions, settings)[:PACKED_REGIONS]
     drafts = page_drafts(page.blocks, settings, page_size=page.size_pt)
-    page_row = DecodeRequest(page.picture, model.settings.page_prompt, make_proposer(target, drafts, match, growing=True))
+    # The region outputs that join the page row's drafts come too late for its guard's allowance.
+    page_row = DecodeRequest(
+        page.picture, model.settings.page_prompt, make_proposer(target, drafts, match, growing=True),
+        allowance=draft_allowance(target, drafts),
+    )
     region_rows = [
-        DecodeRequest(crop, prompt, make_proposer(target, texts, match), feeds=0) for _, (crop, prompt, texts) in planned
+        DecodeRequest(crop, prompt, make_proposer(target, texts, match), feeds=0, allowance=draft_allowance(target, texts))
+        for _, (crop, prompt, texts) in planned
     ]
     packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.picture))
     results = tuple(region_result(block, result, settings) for (block, _), result in zip(planned, region_results, strict=True))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from hsd_cli.decoding import DecodeRequest, DecodeResult, make_proposer
+from hsd_cli.decoding import DecodeRequest, DecodeResult, draft_allowance, make_proposer
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Page
 from hsd_cli.records.kinds import Block
@@ -57,7 +57,10 @@ def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     results: list[DecodeResult] = []
     for start in range(0, len(planned), REGION_BATCH):
         requests = [
-            DecodeRequest(crop, prompt, make_proposer(model.target, drafts, model.settings.draft_match))
+            DecodeRequest(
+                crop, prompt, make_proposer(model.target, drafts, model.settings.draft_match),
+                allowance=draft_allowance(model.target, drafts),
+            )
             for _, (crop, prompt, drafts) in planned[start : start + REGION_BATCH]
         ]
         results += model.decode_batch(requests, sizer=sizer)

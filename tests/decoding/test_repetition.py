@@ -149,7 +149,7 @@ def test_the_guard_stops_a_loop_as_a_model_writes_it_where_the_whole_output_does
 
 def test_the_guard_looks_at_the_windows_only_once_every_token_recurs_for_long(monkeypatch):
     looked = []
-    monkeypatch.setattr(repetition, "repetition_stop_after", lambda tokens, checked: looked.append(checked))
+    monkeypatch.setattr(repetition, "loop_after", lambda tokens, checked: looked.append(checked))
     rng = random.Random(6)
     prose = [rng.randrange(50_000) for _ in range(3000)]  # no token recurs within 64 of itself
     assert guard_stop(prose, rng) is None and not looked
