@@ -138,17 +138,24 @@ class RepetitionAllowance:
 NO_ALLOWANCE = RepetitionAllowance()
 
 
+def _is_repeated(unit: tuple[int, ...]) -> bool:
+    """Is `unit` a shorter unit repeated (a 4-token unit of a 2-token run)?"""
+    return any(len(unit) % part == 0 and unit == unit[part:] + unit[:part] for part in range(1, len(unit)))
+
+
 def _draft_runs(draft: np.ndarray) -> Iterator[tuple[tuple[int, ...], int]]:
     """(unit key, tokens) of each maximal run in `draft` of a unit of up to REPETITION_MAX_UNIT
-    tokens, long enough to raise that unit's limit. A unit that is itself repeated (a 4-token
-    unit of a 2-token run) is never looked up: the output's unit is its span's smallest."""
+    tokens, long enough to raise that unit's limit. A repeated unit is left out: it is never
+    looked up, the output's unit being its span's smallest."""
     for unit in range(1, min(REPETITION_MAX_UNIT, len(draft) - 1) + 1):
         same = np.concatenate(([False], draft[unit:] == draft[:-unit], [False]))
         edges = np.flatnonzero(np.diff(same.astype(np.int8)))
         for start, stop in zip(edges[::2], edges[1::2]):
             length = int(stop - start) + unit  # the first copy, then every token equal to the one a unit before
             if length + _margin(unit) >= REPETITION_SPAN:
-                yield unit_key(draft[start : start + unit].tolist()), length
+                key = unit_key(draft[start : start + unit].tolist())
+                if not _is_repeated(key):
+                    yield key, length
 
 
 def structure_allowance(drafts: Iterable[Sequence[int]]) -> RepetitionAllowance:
