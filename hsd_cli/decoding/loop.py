@@ -326,7 +326,7 @@ def make_proposer(
 def draft_allowance(target: Target, drafts: Sequence[str]) -> RepetitionAllowance:
     """The repetition `drafts` hold, in the target's tokens: the guard's allowance for a request
     that verifies them, or for its plain decoding (both then stop on the same token)."""
-    return structure_allowance(target.encode(draft) for draft in drafts) if drafts else NO_ALLOWANCE
+    return structure_allowance(target.encode(draft) for draft in drafts)
 
 
 def decode(

@@ -93,12 +93,6 @@ def loop_after(tokens: Sequence[int], checked: int) -> RepetitionLoop | None:
     return None if loop is None else RepetitionLoop(offset + loop.start, loop.unit, offset + loop.stop)
 
 
-def repetition_stop_after(tokens: Sequence[int], checked: int) -> int | None:
-    """Where the first span that repeats a unit ends after `checked` tokens (no draft's allowance)."""
-    loop = loop_after(tokens, checked)
-    return None if loop is None else loop.stop
-
-
 def loop_at_end(tokens: Sequence[int]) -> RepetitionLoop | None:
     """The loop an output the guard stopped ends in, from the start of its run (before the last
     span where the drafts held the run), None where its last span repeats no unit."""
@@ -159,11 +153,13 @@ def _draft_runs(draft: np.ndarray) -> Iterator[tuple[tuple[int, ...], int]]:
 
 
 def structure_allowance(drafts: Iterable[Sequence[int]]) -> RepetitionAllowance:
-    """The allowance of a request whose drafts are these token lists."""
+    """The allowance of a request whose drafts are these token lists. They are looked at as one
+    array, each after a token of its own that equals no other (a negative one), so no run spans
+    two drafts: a page's many short drafts then cost one pass, not one each."""
+    pieces = [part for index, draft in enumerate(drafts) for part in ([-1 - index], draft)]
     runs: dict[tuple[int, ...], int] = {}
-    for draft in drafts:
-        for key, length in _draft_runs(np.asarray(draft, dtype=np.int64)):
-            runs[key] = max(length, runs.get(key, 0))
+    for key, length in _draft_runs(np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)):
+        runs[key] = max(length, runs.get(key, 0))
     return RepetitionAllowance(runs)
 
 

@@ -206,4 +206,5 @@ def test_drafts_keep_only_the_runs_that_raise_a_limit():
     text = [rng.randrange(50_000) for _ in range(5000)]
     short = text[:100] + [5, 6] * 476 + text[100:]  # 952 tokens, and 3 units of margin: below the span
     assert structure_allowance([text, short]).runs == {}
+    assert structure_allowance([[5, 6] * 300, [5, 6] * 300]).runs == {}, "no run spans two drafts"
     assert structure_allowance([text[:100] + [5, 6] * 477 + text[100:]]).runs == {(5, 6): 954}
