@@ -31,6 +31,17 @@ LEGITIMATE_STRUCTURES = {
     "bullet list, 100 equal items": "- Item\n" * 100,
     "checklist, 100 empty boxes": "- [ ] \n" * 100,
     "30 lines of N/A": "N/A\n" * 30,
+    # The offset changes every line, so no span longer than about two lines repeats one unit.
+    "hex dump of 1 KiB of zeros, offset on each line": "".join(f"{16 * i:08x}: " + "00 " * 15 + "00\n" for i in range(64)),
+}
+# Repetition real pages hold past REPETITION_SPAN: the guard lets it through where the request's
+# drafts hold it (issue 49), and cuts it where they do not.
+DRAFTED_STRUCTURES = {
+    "form of 40 empty rows, HTML": "<table><tr><th>Name</th><th>Date</th><th>Item</th><th>Qty</th><th>Price</th>"
+    "<th>Signature</th></tr>" + ("<tr>" + "<td></td>" * 6 + "</tr>") * 40 + "</table>",
+    "20 x 20 zero matrix, LaTeX": "$$\\begin{bmatrix} " + " \\\\ ".join(" & ".join(["0"] * 20) for _ in range(20))
+    + " \\end{bmatrix}$$",
+    "hex dump of 1 KiB of zeros": ("00 " * 15 + "00\n") * 64,
 }
 # Loops as models write them: (name, text before, unit). Each repeats to the budget.
 GENERATED_LOOPS = {
@@ -83,7 +94,7 @@ def repetition(
     """The repetition guard on corpus pages, legitimate structures and generated loops."""
     from tokenizers import Tokenizer
 
-    from hsd_cli.decoding.repetition import REPETITION_SPAN, find_repetition
+    from hsd_cli.decoding.repetition import REPETITION_SPAN, find_repetition, repetition_stop, structure_allowance
 
     encode = Tokenizer.from_file(str(tokenizer / "tokenizer.json")).encode
 
@@ -95,7 +106,11 @@ def repetition(
 
     corpus = {name: row(text) for name, text in _corpus_texts(paths)}
     structures = {name: row(text) for name, text in LEGITIMATE_STRUCTURES.items()}
-    loops, ids = {}, {"structures": {}, "loops": {}}
+    drafted = {}
+    for name, text in DRAFTED_STRUCTURES.items():  # drafted by their own text
+        tokens = encode(text, add_special_tokens=False).ids
+        drafted[name] = row(text) | {"stopped_drafted": repetition_stop(tokens, structure_allowance([tokens]))}
+    loops, ids = {}, {"structures": {}, "drafted": {}, "loops": {}}
     for name, (before, unit) in GENERATED_LOOPS.items():
         head, unit_ids = encode(before, add_special_tokens=False).ids, encode(unit, add_special_tokens=False).ids
         tokens = (head + unit_ids * (BUDGET // len(unit_ids) + 1))[:BUDGET]
@@ -105,13 +120,15 @@ def repetition(
         ids["loops"][name] = {"before": head, "unit": unit_ids}
     for name, text in LEGITIMATE_STRUCTURES.items():
         ids["structures"][name] = encode(text, add_special_tokens=False).ids
+    for name, text in DRAFTED_STRUCTURES.items():
+        ids["drafted"][name] = encode(text, add_special_tokens=False).ids
     if ids_out:
         ids_out.write_text(json.dumps(ids) + "\n")
     fired = [name for name, r in {**corpus, **structures}.items() if r["stopped_at"] is not None]
     summary = {
         "span": REPETITION_SPAN, "texts": len(corpus), "fired_on": fired,
         "corpus_longest": max(corpus.items(), key=lambda item: item[1]["longest_span"], default=None),
-        "structures": structures, "loops": loops,
+        "structures": structures, "drafted": drafted, "loops": loops,
     }
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -124,6 +141,9 @@ def repetition(
     log(f"{'structure':45s} {'tokens':>7s} {'span':>6s} {'unit':>5s}  stopped")
     for name, r in structures.items():
         log(f"{name:45s} {r['tokens']:7d} {r['longest_span']:6d} {r['unit']:5d}  {r['stopped_at'] or 'no'}")
+    for name, r in drafted.items():
+        log(f"{name:45s} {r['tokens']:7d} {r['longest_span']:6d} {r['unit']:5d}  {r['stopped_at'] or 'no'}"
+            f" (drafted: {r['stopped_drafted'] or 'no'})")
     log(f"{'loop (repeated to ' + str(BUDGET) + ' tokens)':45s} {'unit':>7s}  stopped after (tokens from its start)")
     for name, r in loops.items():
         log(f"{name:45s} {r['unit_tokens']:7d}  {r['stopped_after']}")

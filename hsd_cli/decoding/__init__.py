@@ -34,6 +34,7 @@ _MODULE_OF = {
     "decode_batch": "loop",
     "decode_many": "loop",
     "decode_result": "loop",
+    "draft_allowance": "loop",
     "find_repetition": "repetition",
     "inside_tex_math": "verify",
     "load_target": "hf_target",

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
-from .repetition import RepetitionGuard, RepetitionLoop, find_repetition
+from .repetition import NO_ALLOWANCE, RepetitionAllowance, RepetitionGuard, RepetitionLoop, loop_at_end, structure_allowance
 from .sizing import LoadSizer
 from .stats import DecodeStats
 from .timing import wait_for
@@ -46,6 +46,8 @@ class DecodeRequest:
     # time.monotonic() past which the row leaves the batch unfinished (stop reason "deadline"),
     # checked between steps: a page past its --page-timeout gives its rows back to the others.
     deadline: float | None = None
+    # The repetition the request's drafts hold, which the guard lets through (`draft_allowance`).
+    allowance: RepetitionAllowance = NO_ALLOWANCE
 
 
 @dataclass
@@ -59,7 +61,7 @@ class DecodeResult:
 
 def decode_result(target: Target, tokens: list[int], stats: DecodeStats, stop_reason: str) -> DecodeResult:
     """The result of an output that ended for `stop_reason`; its text ends where a loop began."""
-    loop = find_repetition(tokens) if stop_reason == "repetition" else None
+    loop = loop_at_end(tokens) if stop_reason == "repetition" else None
     return DecodeResult(tokens, stats, stop_reason, target.decode(tokens[: loop.reading_end] if loop else tokens), loop)
 
 
@@ -104,7 +106,10 @@ class DecodeSequence:
     tokens: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     stop_reason: str | None = None
-    guard: RepetitionGuard = field(default_factory=RepetitionGuard)
+    guard: RepetitionGuard = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.guard = RepetitionGuard(self.request.allowance)
 
     def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
         """Append tokens up to and including the first that ends the output (a stop token, the
@@ -319,6 +324,12 @@ def make_proposer(
     raise ValueError(f"match must be 'tokens' or 'chars', not {match!r}")
 
 
+def draft_allowance(target: Target, drafts: Sequence[str]) -> RepetitionAllowance:
+    """The repetition `drafts` hold, in the target's tokens: the guard's allowance for a request
+    that verifies them, or for its plain decoding (both then stop on the same token)."""
+    return structure_allowance(target.encode(draft) for draft in drafts)
+
+
 def decode(
     target: Target,
     image: Any,
@@ -331,7 +342,8 @@ def decode(
     sizer: LoadSizer | None = None,
 ) -> DecodeResult:
     """Decode one image + prompt with a set of draft texts."""
-    request = DecodeRequest(image, prompt, make_proposer(target, drafts, match, proposer_config))
+    proposer = make_proposer(target, drafts, match, proposer_config)
+    request = DecodeRequest(image, prompt, proposer, allowance=draft_allowance(target, drafts))
     return decode_batch(target, [request], config, sizer=sizer)[0]
 
 
@@ -350,6 +362,9 @@ def decode_many(
     results: list[DecodeResult] = []
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
-        requests = [DecodeRequest(im, p, make_proposer(target, drafts, match, proposer_config)) for im, p, drafts in chunk]
+        requests = [
+            DecodeRequest(im, p, make_proposer(target, drafts, match, proposer_config), allowance=draft_allowance(target, drafts))
+            for im, p, drafts in chunk
+        ]
         results.extend(decode_batch(target, requests, config, sizer=sizer))
     return results

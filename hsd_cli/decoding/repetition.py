@@ -6,18 +6,31 @@ the longest such span in every published output and ground-truth page of the cor
 tokens; legitimate structure reaches 784 (a 16 x 16 pipe table of zeros: 16 copies of a 49-token
 row); a unit of up to 50 tokens that repeats to the budget must stop within 1,024 tokens of its
 start. 960 sits between, and every unit a loop of <= 50 tokens can have is looked at.
+
+A repetition the request's drafts hold is structure (a form of 40 empty rows, a 20 x 20 zero
+matrix), not a loop (`RepetitionAllowance`). A run is the longest stretch of the output, ending
+where it is looked at, that repeats the span's unit (its smallest period, so a 2-token unit
+repeated is not also a 4-token one). Decoding stops at a run's REPETITION_SPAN-th token, or,
+where some draft repeats the same unit (in any rotation: a run can begin at any phase of it) in
+a run of D tokens, at its (D + STRUCTURE_MARGIN_UNITS units + 1)-th. The margin's 3 units: the
+partial copies at a run's two ends (under 2 units, tokenised with their neighbours, so the
+draft's and the output's differ) and one whole copy the draft's reading may have missed. A loop
+past the draft's count then stops within 5 units (320 tokens) of passing it. Only the request's
+drafts count (known before decoding, so plain decoding applies the same rule: `RepetitionGuard`
+decides in both), not the output itself nor drafts added while decoding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 REPETITION_SPAN = 960
 REPETITION_MAX_UNIT = 64
+STRUCTURE_MARGIN_UNITS = 3
 
 
 @dataclass(frozen=True)
@@ -72,42 +85,150 @@ def find_repetition(
     return RepetitionLoop(stop - span, unit, stop)
 
 
-def repetition_stop(tokens: Sequence[int]) -> int | None:
-    """The number of tokens after which decoding with the guard stops, None where it never does."""
-    loop = find_repetition(tokens)
-    return loop.stop if loop else None
-
-
-def repetition_stop_after(tokens: Sequence[int], checked: int) -> int | None:
-    """`repetition_stop(tokens)` where tokens[:checked] is known not to stop: only the windows
-    that end in the new tokens are looked at, so a step costs the same however long the output."""
+def loop_after(tokens: Sequence[int], checked: int) -> RepetitionLoop | None:
+    """`find_repetition(tokens, checked=checked)`, looking only at the windows that end in the
+    tokens after `checked`, so a step costs the same however long the output."""
     offset = max(0, checked + 1 - REPETITION_SPAN)
     loop = find_repetition(tokens[offset:], checked=checked - offset)
-    return None if loop is None else offset + loop.stop
+    return None if loop is None else RepetitionLoop(offset + loop.start, loop.unit, offset + loop.stop)
+
+
+def loop_at_end(tokens: Sequence[int]) -> RepetitionLoop | None:
+    """The loop an output the guard stopped ends in, from the start of its run (before the last
+    span where the drafts held the run), None where its last span repeats no unit."""
+    loop = loop_after(tokens, len(tokens) - 1)
+    if loop is None:
+        return None
+    start = loop.start
+    while start > 0 and tokens[start - 1] == tokens[start - 1 + loop.unit]:
+        start -= 1
+    return RepetitionLoop(start, loop.unit, loop.stop)
+
+
+def unit_key(unit: Sequence[int]) -> tuple[int, ...]:
+    """The least rotation of `unit`: a run repeats the same key whatever phase it is looked at in."""
+    unit = tuple(unit)
+    return min(unit[shift:] + unit[:shift] for shift in range(len(unit)))
+
+
+def _margin(unit: int) -> int:
+    return STRUCTURE_MARGIN_UNITS * unit
+
+
+@dataclass(frozen=True)
+class RepetitionAllowance:
+    """The repetition a request's drafts hold: unit key -> the longest run, in tokens, in which
+    one draft repeats that unit. Only runs that raise a limit are kept (at least
+    REPETITION_SPAN - margin tokens), so a page's drafts keep a handful at most."""
+
+    runs: Mapping[tuple[int, ...], int] = field(default_factory=dict)
+
+    def longest_run(self, unit: Sequence[int]) -> int:
+        """The most tokens a run of `unit` may reach before the guard stops it."""
+        drafted = self.runs.get(unit_key(unit))
+        return REPETITION_SPAN - 1 if drafted is None else max(REPETITION_SPAN - 1, drafted + _margin(len(unit)))
+
+
+NO_ALLOWANCE = RepetitionAllowance()
+
+
+def _is_repeated(unit: tuple[int, ...]) -> bool:
+    """Is `unit` a shorter unit repeated (a 4-token unit of a 2-token run)?"""
+    return any(len(unit) % part == 0 and unit == unit[part:] + unit[:part] for part in range(1, len(unit)))
+
+
+def _draft_runs(draft: np.ndarray) -> Iterator[tuple[tuple[int, ...], int]]:
+    """(unit key, tokens) of each maximal run in `draft` of a unit of up to REPETITION_MAX_UNIT
+    tokens, long enough to raise that unit's limit. A repeated unit is left out: it is never
+    looked up, the output's unit being its span's smallest."""
+    for unit in range(1, min(REPETITION_MAX_UNIT, len(draft) - 1) + 1):
+        same = np.concatenate(([False], draft[unit:] == draft[:-unit], [False]))
+        edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+        for start, stop in zip(edges[::2], edges[1::2]):
+            length = int(stop - start) + unit  # the first copy, then every token equal to the one a unit before
+            if length + _margin(unit) >= REPETITION_SPAN:
+                key = unit_key(draft[start : start + unit].tolist())
+                if not _is_repeated(key):
+                    yield key, length
+
+
+def structure_allowance(drafts: Iterable[Sequence[int]]) -> RepetitionAllowance:
+    """The allowance of a request whose drafts are these token lists. They are looked at as one
+    array, each after a token of its own that equals no other (a negative one), so no run spans
+    two drafts: a page's many short drafts then cost one pass, not one each."""
+    pieces = [part for index, draft in enumerate(drafts) for part in ([-1 - index], draft)]
+    runs: dict[tuple[int, ...], int] = {}
+    for key, length in _draft_runs(np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)):
+        runs[key] = max(length, runs.get(key, 0))
+    return RepetitionAllowance(runs)
+
+
+def repetition_stop(tokens: Sequence[int], allowance: RepetitionAllowance = NO_ALLOWANCE) -> int | None:
+    """The number of tokens after which decoding with the guard stops, None where it never does."""
+    return RepetitionGuard(allowance).stop_after(tokens)
+
+
+@dataclass(frozen=True)
+class _AllowedRun:
+    """A run the drafts hold, followed token by token until it breaks or reaches `stop` tokens."""
+
+    unit: int
+    stop: int
+
+    def follow(self, tokens: Sequence[int], start: int) -> tuple[int | None, int]:
+        """(where the guard stops, None where it does not; the tokens followed): the run goes on
+        while each token equals the one a unit before it."""
+        for index in range(start, len(tokens)):
+            if tokens[index] != tokens[index - self.unit]:
+                return None, index
+            if index + 1 == self.stop:
+                return self.stop, index + 1
+        return None, len(tokens)
 
 
 class RepetitionGuard:
-    """`repetition_stop_after` for one output as it grows, each call looking at the tokens added
-    since the last. A loop that ends at a token needs each of the REPETITION_SPAN -
+    """`repetition_stop(tokens, allowance)` for one output as it grows, each call looking at the
+    tokens added since the last. A loop that ends at a token needs each of the REPETITION_SPAN -
     REPETITION_MAX_UNIT tokens up to it to recur among the REPETITION_MAX_UNIT before it (its
     unit's previous copy holds it), so the guard keeps that streak (a dict look-up a token) and
     looks at the windows only where it is long enough: past REPETITION_SPAN tokens the windows
-    cost a row 0.15-0.4 ms a step."""
+    cost a row 0.15-0.4 ms a step. A run the drafts hold is then followed a comparison a token."""
 
-    def __init__(self) -> None:
+    def __init__(self, allowance: RepetitionAllowance = NO_ALLOWANCE) -> None:
+        self.allowance = allowance
         self.checked = 0  # tokens looked at so far
         self.streak = 0  # of those, how many last ones in a row each recur among the REPETITION_MAX_UNIT before it
         self.last_seen: dict[int, int] = {}  # token -> the index it was last looked at
+        self.run: _AllowedRun | None = None  # the run the drafts hold that the output is in
 
     def stop_after(self, tokens: Sequence[int]) -> int | None:
-        """`repetition_stop_after(tokens, checked)`, `checked` being the tokens of the last call."""
-        checked, loop_possible = self.checked, False
+        """Where decoding stops, given that it did not within the tokens of the last call."""
+        checked = self.checked
+        loop_possible = self._count_streak(tokens)
+        while True:
+            if self.run is not None:
+                stop, checked = self.run.follow(tokens, checked)
+                if stop is not None or checked == len(tokens):
+                    return stop
+                self.run = None  # broken: a span ending after it can repeat only another unit
+            loop = loop_after(tokens, checked) if loop_possible else None
+            if loop is None:
+                return None
+            # The span's first end is its run's REPETITION_SPAN-th token: the run began at loop.start.
+            stop = loop.start + self.allowance.longest_run(tokens[loop.stop - loop.unit : loop.stop]) + 1
+            if stop == loop.stop:
+                return stop
+            self.run, checked = _AllowedRun(loop.unit, stop), loop.stop
+
+    def _count_streak(self, tokens: Sequence[int]) -> bool:
+        """Take the new tokens into the streak: could a span that repeats a unit end among them?"""
+        loop_possible = False
         never = -REPETITION_MAX_UNIT - 1  # recurs at no index
-        for index in range(checked, len(tokens)):
+        for index in range(self.checked, len(tokens)):
             token = tokens[index]
             recurs = self.last_seen.get(token, never) >= index - REPETITION_MAX_UNIT
             self.last_seen[token] = index
             self.streak = self.streak + 1 if recurs else 0
             loop_possible = loop_possible or self.streak >= REPETITION_SPAN - REPETITION_MAX_UNIT
         self.checked = len(tokens)
-        return repetition_stop_after(tokens, checked) if loop_possible else None
+        return loop_possible

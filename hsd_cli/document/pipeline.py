@@ -89,7 +89,7 @@ def read_stage(page: Page, model: Reader, so_far: DocumentSoFar) -> Reading | No
         case Way.DRAFT:
             return None
         case Way.PLAIN:
-            reading = plain_page_stage(model, page.picture, settings)
+            reading = plain_page_stage(model, page.picture, settings, page_drafts(page.blocks, settings, page_size=page.size_pt))
         case Way.PACKED:
             # Region passes run inside the page stage's forwards: their seconds are the page's.
             reading = packed_stage(model, page, plan.regions, settings)

@@ -15,13 +15,14 @@ from PIL import Image
 
 from hsd_cli.config import ModelConfig, Sizing
 from hsd_cli.decoding import (
-    DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result, load_target,
-    make_proposer,
+    DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result,
+    draft_allowance, load_target, make_proposer,
 )
 from hsd_cli.decoding.proposer import Proposer
 from hsd_cli.models.family_settings import ModelSettings, settings_for
 from hsd_cli.profiles import load_profile, square_side
 from hsd_cli.records.kinds import ReaderNote
+from hsd_cli.decoding.repetition import NO_ALLOWANCE, RepetitionAllowance
 from hsd_cli.serving.pipeline_lock import released, waited_s
 from hsd_cli.serving.reader import PageTimedOut, Reader
 
@@ -53,6 +54,9 @@ class VlmModel:
 
     def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
         return make_proposer(self.target, drafts, self.settings.draft_match, growing=growing)
+
+    def allowance(self, drafts: Sequence[str]) -> RepetitionAllowance:
+        return draft_allowance(self.target, drafts)
 
     def result(self, tokens: list[int], stats: DecodeStats, stop_reason: str) -> DecodeResult:
         return decode_result(self.target, tokens, stats, stop_reason)
@@ -96,14 +100,19 @@ class VlmModel:
 
     def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult:
         """One picture read, verifying `drafts` (matched as the family's settings say)."""
-        return self.decode_batch([DecodeRequest(picture, prompt, self.proposer(drafts))], sizer=self.sizer(picture))[0]
+        request = DecodeRequest(picture, prompt, self.proposer(drafts), allowance=self.allowance(drafts))
+        return self.decode_batch([request], sizer=self.sizer(picture))[0]
 
-    def generate_plainly(self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False) -> list[int]:
-        """transformers' own generate, with the model to itself between the shared batch's steps."""
+    def generate_plainly(
+        self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False,
+        allowance: RepetitionAllowance = NO_ALLOWANCE,
+    ) -> list[int]:
+        """transformers' own generate, with the model to itself between the shared batch's steps;
+        its repetition guard lets through the repetition `allowance` holds (`draft_allowance`)."""
         if self.engine is None:
-            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
+            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard, allowance)
         with released(), self.engine.exclusive():
-            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard)
+            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard, allowance)
 
     def page_note(self, picture: Image.Image) -> ReaderNote | None:
         return None

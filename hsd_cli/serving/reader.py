@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer
     from hsd_cli.decoding.proposer import Proposer
+    from hsd_cli.decoding.repetition import RepetitionAllowance
     from hsd_cli.models.family_settings import ModelSettings
     from hsd_cli.profiles import Profile
     from hsd_cli.records.kinds import ReaderNote
@@ -32,6 +33,9 @@ class Reader(Protocol):
     def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
         """The drafts as a proposer of this model's tokens, matched as the family's settings say."""
 
+    def allowance(self, drafts: Sequence[str]) -> RepetitionAllowance:
+        """The repetitions the drafts hold, which the repetition guard lets through as structure."""
+
     def result(self, tokens: list[int], stats: DecodeStats, stop_reason: str) -> DecodeResult:
         """A plain decoding's tokens as a result (its text ends where a loop began)."""
 
@@ -47,7 +51,10 @@ class Reader(Protocol):
     ) -> list[DecodeResult]:
         """Raises PageTimedOut where the page's deadline stopped the requests."""
 
-    def generate_plainly(self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False) -> list[int]: ...
+    def generate_plainly(
+        self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False,
+        allowance: RepetitionAllowance = ...,
+    ) -> list[int]: ...
 
     def page_note(self, picture: Image.Image) -> ReaderNote | None:
         """What the reader itself says of its reading of this page (a flag and a notice), if anything."""

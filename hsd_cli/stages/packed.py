@@ -33,9 +33,13 @@ def packed_stage(model: Reader, page: Page, regions: Collection[str], settings: 
     length."""
     planned = planned_crops(model, page, regions, settings)[:PACKED_REGIONS]
     drafts = page_drafts(page.blocks, settings, page_size=page.size_pt)
-    page_row = DecodeRequest(page.picture, model.settings.page_prompt, model.proposer(drafts, growing=True))
+    # The region outputs that join the page row's drafts come too late for its guard's allowance.
+    page_row = DecodeRequest(
+        page.picture, model.settings.page_prompt, model.proposer(drafts, growing=True), allowance=model.allowance(drafts),
+    )
     region_rows = [
-        DecodeRequest(crop, prompt, model.proposer(texts), feeds=0) for _, (crop, prompt, texts) in planned
+        DecodeRequest(crop, prompt, model.proposer(texts), feeds=0, allowance=model.allowance(texts))
+        for _, (crop, prompt, texts) in planned
     ]
     packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.picture))
     results = tuple(region_result(block, result, settings) for (block, _), result in zip(planned, region_results, strict=True))

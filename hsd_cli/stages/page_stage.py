@@ -7,7 +7,7 @@ Knows nothing about trees: it hands the picture, the prompt and the draft texts 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
@@ -49,16 +49,18 @@ def page_stage(
     return upright_read(picture, settings, read, upright)
 
 
-def plain_page_stage(model: Reader, picture: Image.Image, settings: ModelSettings) -> Reading:
+def plain_page_stage(model: Reader, picture: Image.Image, settings: ModelSettings, drafts: Sequence[str] = ()) -> Reading:
     """The page read with transformers' own generate (plain greedy, one forward per token), turned
-    and read again as `page_stage` does: what a user of the model runs without hsd."""
-    config = model.decode_config
+    and read again as `page_stage` does: what a user of the model runs without hsd. The page's
+    `drafts` are not verified; the repetition they hold is structure to the guard, as in `page_stage`."""
+    config, allowance = model.decode_config, model.allowance(drafts)
 
     def read(turned: Image.Image) -> DecodeResult:
-        tokens = model.generate_plainly(turned, model.settings.page_prompt, config.max_new_tokens, config.repetition_guard)
+        prompt, budget = model.settings.page_prompt, config.max_new_tokens
+        tokens = model.generate_plainly(turned, prompt, budget, config.repetition_guard, allowance)
         # After the prefill's token, one forward of one node per token: the shapes a profile prices.
         stats = DecodeStats(forwards=len(tokens), new_tokens=len(tokens), steps=[(1, 1, i) for i in range(1, len(tokens))])
-        looped = config.repetition_guard and repetition_stop(tokens) == len(tokens)
+        looped = config.repetition_guard and repetition_stop(tokens, allowance) == len(tokens)
         stop = "repetition" if looped else "budget" if len(tokens) >= config.max_new_tokens else "eos"
         return model.result(tokens, stats, stop)
 

@@ -57,7 +57,7 @@ def region_stage(model: Reader, page: Page, regions: Collection[str], settings: 
     results: list[DecodeResult] = []
     for start in range(0, len(planned), REGION_BATCH):
         requests = [
-            DecodeRequest(crop, prompt, model.proposer(drafts))
+            DecodeRequest(crop, prompt, model.proposer(drafts), allowance=model.allowance(drafts))
             for _, (crop, prompt, drafts) in planned[start : start + REGION_BATCH]
         ]
         results += model.decode_batch(requests, sizer=sizer)

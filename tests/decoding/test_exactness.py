@@ -126,6 +126,16 @@ def test_the_repetition_guard_stops_where_generate_with_it_stops(tmp_path, page_
     assert result.stop_reason == "repetition" and result.stats.forwards < len(result.tokens)
     assert result.tokens == [0] * REPETITION_SPAN == target.generate_plainly(page_image, PROMPT, budget, repetition_guard=True)
     assert len(target.generate_plainly(page_image, PROMPT, budget)) == budget, "without the guard, the budget"
+    # A request whose drafts repeat the token 1,000 times: both let 1,000 + 3 through and stop on the next.
+    from hsd_cli.decoding.repetition import STRUCTURE_MARGIN_UNITS, structure_allowance
+
+    allowance, budget = structure_allowance([[5] + [0] * 1000]), 1100
+    config = DecodeConfig(max_new_tokens=budget, repetition_guard=True)
+    request = DecodeRequest(page_image, PROMPT, DraftProposer([[0] * budget]), allowance=allowance)
+    held = decode_batch(target, [request], config)[0]
+    stop = 1000 + STRUCTURE_MARGIN_UNITS + 1
+    assert held.stop_reason == "repetition" and held.loop.start == 0 and held.loop.stop == stop
+    assert held.tokens == [0] * stop == target.generate_plainly(page_image, PROMPT, budget, True, allowance)
 
 
 def test_batched_sequences_of_different_lengths(tiny_target, make_image):

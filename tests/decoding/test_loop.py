@@ -8,7 +8,7 @@ import torch
 from hsd_cli.decoding import loop
 from hsd_cli.decoding.hf_target import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, decode_many
-from hsd_cli.decoding.repetition import REPETITION_SPAN
+from hsd_cli.decoding.repetition import REPETITION_SPAN, STRUCTURE_MARGIN_UNITS, structure_allowance
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.verify import SamplingConfig
 
@@ -115,6 +115,21 @@ def test_repetition_guard_stops_speculation_where_it_stops_plain_decoding():
         assert [(r.tokens, r.stop_reason) for r in speculative] == [(r.tokens, r.stop_reason) for r in plain]
         assert all(r.stats.accepted > 100 for r in speculative)
         assert [r.stats.new_tokens for r in speculative] == [len(r.tokens) for r in plain]
+
+
+def test_a_repetition_the_drafts_hold_is_let_through_by_plain_and_speculative_decoding_alike():
+    """A request whose drafts repeat the loop's unit 400 times (in another phase): plain and
+    speculative decoding both let the run go 1,200 tokens and the margin, and stop on the next."""
+    allowance = structure_allowance([[7, 7] + [2, 3, 1] * 400])
+    config = DecodeConfig(max_new_tokens=1800, repetition_guard=True)
+
+    def decoded(proposer):
+        return decode_batch(ScriptedTarget([LOOP_AFTER_TEXT]), [DecodeRequest(None, "", proposer, allowance=allowance)], config)[0]
+
+    plain, speculative = decoded(NoDraftProposer()), decoded(DraftProposer([LOOP_AFTER_TEXT]))
+    assert len(plain.tokens) == 30 + 1200 + 3 * STRUCTURE_MARGIN_UNITS + 1 and plain.stop_reason == "repetition"
+    assert plain.loop.start == 30 and plain.loop.unit == 3
+    assert (speculative.tokens, speculative.loop) == (plain.tokens, plain.loop) and speculative.stats.accepted > 100
 
 
 def test_text_drafts_with_other_markup(tiny_target, page_image):

@@ -20,7 +20,7 @@ from hsd_cli.decoding.repetition import (
     REPETITION_SPAN,
     RepetitionGuard,
     find_repetition,
-    repetition_stop_after,
+    loop_after,
 )
 
 IDS = json.loads((Path(__file__).parent.parent / "data" / "repetition_qwen2_ids.json").read_text())
@@ -63,7 +63,8 @@ def test_the_guard_asked_after_every_step_stops_where_it_stops_on_the_whole_outp
     checked, stop = 0, None
     while stop is None:  # steps of 1 to 20 tokens, as speculative steps accept them
         step = checked + rng.randint(1, 20)
-        stop = repetition_stop_after(tokens[:step], checked)
+        loop = loop_after(tokens[:step], checked)
+        stop = loop and loop.stop
         checked = step
     assert stop == expected
 
@@ -149,7 +150,7 @@ def test_the_guard_stops_a_loop_as_a_model_writes_it_where_the_whole_output_does
 
 def test_the_guard_looks_at_the_windows_only_once_every_token_recurs_for_long(monkeypatch):
     looked = []
-    monkeypatch.setattr(repetition, "repetition_stop_after", lambda tokens, checked: looked.append(checked))
+    monkeypatch.setattr(repetition, "loop_after", lambda tokens, checked: looked.append(checked))
     rng = random.Random(6)
     prose = [rng.randrange(50_000) for _ in range(3000)]  # no token recurs within 64 of itself
     assert guard_stop(prose, rng) is None and not looked

@@ -16,6 +16,7 @@ from PIL import Image
 from .cache import BatchState, check_cache_layout, join_rows, keep_nodes, keep_rows
 from .devices import DTYPES, default_device, default_dtype
 from .families import FamilyAdapter, adapter_for
+from ..repetition import NO_ALLOWANCE, RepetitionAllowance
 from .generate import generate_plainly
 
 
@@ -39,12 +40,14 @@ class HFTarget:
 
     def generate_plainly(
         self, image: Image.Image | None, prompt: str, max_new_tokens: int, repetition_guard: bool = False,
-        **generate_kwargs,
+        allowance: RepetitionAllowance = NO_ALLOWANCE, **generate_kwargs,
     ) -> list[int]:
-        """The output of transformers' own `generate` on this image and prompt (plain.py): what
+        """The output of transformers' own `generate` on this image and prompt (generate.py): what
         every speculative output must equal, and the speed it is measured against."""
         inputs = self.inputs([image], [prompt])
-        return generate_plainly(self.model, inputs, self.stop_token_ids, max_new_tokens, repetition_guard, **generate_kwargs)
+        return generate_plainly(
+            self.model, inputs, self.stop_token_ids, max_new_tokens, repetition_guard, allowance, **generate_kwargs
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
