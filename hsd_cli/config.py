@@ -107,17 +107,17 @@ class ConvertConfig:
 @dataclass(frozen=True)
 class DocumentConfig:
     """How a document's pages are chosen, rendered, drafted and written: the convert options that
-    need nothing resolved (ConvertConfig.document)."""
+    need nothing resolved, taken from ConvertConfig (`.document`), whose defaults they are."""
 
-    pages: str | None = None  # None: every page
-    dpi: int = 150
-    max_pixels: int = 4_194_304
-    draft_backend: DraftBackendName = DraftBackendName.AUTO
-    draft_json_dir: Path | None = None
-    images: ImageMode = ImageMode.REF
-    page_markers: bool = False
-    password: str | None = None
-    stages: Stages = Stages.AUTO
+    pages: str | None  # None: every page
+    dpi: int
+    max_pixels: int
+    draft_backend: DraftBackendName
+    draft_json_dir: Path | None
+    images: ImageMode
+    page_markers: bool
+    password: str | None
+    stages: Stages
 
 
 @dataclass(frozen=True)
