@@ -3,7 +3,7 @@ from dataclasses import fields, replace
 import pytest
 
 from hsd_cli.config import ConvertConfig, DraftBackendName, ImageMode, Stages, UsageError, parse_page_ranges, select_pages
-from hsd_cli.batch.tasks import OUTPUT_NEUTRAL_FIELDS, config_hash, output_config
+from hsd_cli.document.tasks import OUTPUT_NEUTRAL_FIELDS, config_hash, output_config
 from hsd_cli.config import ModelConfig, ResolvedConfig, ScheduleConfig, Sizing
 
 

@@ -32,10 +32,12 @@ def test_rows_fill_the_devices_share_beside_weights_and_workspace_and_half_the_h
 
 
 def test_on_the_cpu_the_default_is_one_row_and_nothing_is_loaded():
+    from hsd_cli.batch.resolve import a4_page
     from hsd_cli.config import ModelConfig
     from hsd_cli.serving.rows import device_rows_choice
 
-    choice = device_rows_choice(ModelConfig("no/such-model", "qwen2_5_vl", "cpu", "float32", False, 64, False, None), 150, 40_000_000)
+    model = ModelConfig("no/such-model", "qwen2_5_vl", "cpu", "float32", False, 64, False, None)
+    choice = device_rows_choice(model, a4_page(150, 40_000_000))
     assert choice.rows == 1 and "CPU" in choice.why
 
 
@@ -46,7 +48,11 @@ def test_on_a_gpu_the_rows_follow_its_memory_and_the_pages_prompt(tiny_model, mo
     from hsd_cli.decoding.hf_target import footprint, load_target
     from hsd_cli.models.family_settings import settings_for
     from hsd_cli.config import ModelConfig
-    from hsd_cli.serving.rows import A4_PT, GIB, WORKSPACE_BYTES, device_rows_choice as default_rows
+    from hsd_cli.batch.resolve import A4_PT, a4_page
+    from hsd_cli.serving.rows import GIB, WORKSPACE_BYTES, device_rows_choice
+
+    def default_rows(options, dpi, max_pixels):
+        return device_rows_choice(options, a4_page(dpi, max_pixels))
 
     target = load_target(str(tiny_model), device="cpu", dtype="float32")
     page = Image.new("RGB", (round(A4_PT[0] * 100 / 72), round(A4_PT[1] * 100 / 72)), "white")

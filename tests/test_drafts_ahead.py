@@ -21,8 +21,8 @@ import pytest
 from hsd_cli.config import ConvertConfig, Executor, ModelConfig, RunConfig
 from hsd_cli.records.page import Page
 from hsd_cli.document.drafting import DraftsAhead
-from hsd_cli.batch import draft_processes
-from hsd_cli.batch.draft_processes import (
+from hsd_cli.document import draft_processes
+from hsd_cli.document.draft_processes import (
     DRAFT_PROCESS_BYTES,
     DraftProcesses,
     MAX_DEFAULT_DRAFT_PROCESSES,
@@ -222,9 +222,9 @@ def test_a_draft_that_hangs_or_kills_its_process_costs_its_page_only_and_leaves_
 def test_a_worker_that_drafted_ahead_ends_by_itself_when_stopped(documents, tmp_path):
     """Its draft processes stop before its main returns: else multiprocessing joins them first and
     the worker hangs until the parent kills it (exit code -9, 10 s late)."""
-    from hsd_cli.batch.inputs import InputDocument, OutputPaths
+    from hsd_cli.document.inputs import InputDocument, OutputPaths
     from hsd_cli.batch.local_executor import LocalExecutor
-    from hsd_cli.batch.tasks import DocumentTask
+    from hsd_cli.document.tasks import DocumentTask
     from hsd_cli.batch.worker import Limits, WorkerPool
 
     executor = LocalExecutor(slots=1, max_docs_per_worker=50)

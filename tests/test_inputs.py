@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from hsd_cli.batch.inputs import assign_outputs, discover, sniff_kind
+from hsd_cli.document.inputs import assign_outputs, discover, sniff_kind
 
 
 def test_sniffing_reads_content_not_names(tmp_path, docs_dir):

@@ -18,11 +18,11 @@ import pytest
 
 from hsd_cli.batch import local_executor
 from hsd_cli.config import ConvertConfig, Executor, RunConfig, UsageError
-from hsd_cli.batch.inputs import InputDocument, OutputPaths
+from hsd_cli.document.inputs import InputDocument, OutputPaths
 from hsd_cli.batch.local_executor import LocalExecutor, SharedProcess
 from hsd_cli.serving.pipeline_lock import holding, released
 from hsd_cli.records.kinds import DocStatus
-from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask
+from hsd_cli.document.tasks import DocumentOutcome, DocumentTask
 from hsd_cli.batch.worker import CRASHED_ELSEWHERE, RESTARTED, Limits, WorkerPool
 from tests.conftest import run_hsd
 from tests.fixtures import resolved

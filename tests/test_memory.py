@@ -52,9 +52,9 @@ def test_a_draft_only_worker_does_not_import_torch(docs_dir, tmp_path):
         """
         import json, sys
         from pathlib import Path
-        from hsd_cli.batch.inputs import assign_outputs, discover
+        from hsd_cli.document.inputs import assign_outputs, discover
         from hsd_cli.batch.resolve import resolve_schedule
-        from hsd_cli.batch.tasks import DocumentTask
+        from hsd_cli.document.tasks import DocumentTask
         from hsd_cli.config import ConvertConfig, ResolvedConfig, RunConfig
         from hsd_cli.document.writing import process_document
 
@@ -133,11 +133,11 @@ def test_a_documents_figures_wait_for_its_files_on_disk_not_in_memory(tmp_path):
     import pymupdf
 
     from hsd_cli.config import ConvertConfig, DraftBackendName
-    from hsd_cli.batch.inputs import InputDocument, OutputPaths
+    from hsd_cli.document.inputs import InputDocument, OutputPaths
     from hsd_cli.document.pipeline import convert_document
     from hsd_cli.document.writing import write_document
     from tests.fixtures import resolved
-    from hsd_cli.batch.tasks import DocumentTask
+    from hsd_cli.document.tasks import DocumentTask
 
     picture = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 200, 150), False)
     picture.set_rect(picture.irect, (40, 120, 200))

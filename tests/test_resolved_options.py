@@ -18,7 +18,7 @@ PACKAGE = Path(hsd_cli.__file__).parent
 # The modules that run in a worker (a process, a Ray actor) or a draft process.
 WORKER_SIDE = (
     "document/", "stages/", "serving/model.py", "serving/reader.py", "serving/pipeline_lock.py", "batch/worker.py",
-    "batch/shared_worker.py", "batch/draft_processes.py", "output/",
+    "batch/shared_worker.py", "document/draft_processes.py", "output/",
 )
 # The raw options and what turns them into resolved ones: the parent's alone.
 RESOLVERS = {

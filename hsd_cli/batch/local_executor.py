@@ -13,10 +13,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from hsd_cli.batch.draft_processes import stop_draft_processes
+from hsd_cli.document.draft_processes import stop_draft_processes
 from hsd_cli.processes import SPAWN, die_with_parent
 from hsd_cli.batch.shared_worker import Event, SharedWorker, SharedWorkers
-from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.document.tasks import DocumentTask
 from hsd_cli.batch.worker import DocumentThreads
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from hsd_cli.output.manifest import STATE_DIR
 from hsd_cli.batch.shared_worker import Event, SharedWorker, SharedWorkers, WorkerChannel
-from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.document.tasks import DocumentTask
 from hsd_cli.batch.worker import (
     WORKER_ERROR,
     DocumentThreads,

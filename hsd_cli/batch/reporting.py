@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hsd_cli import __version__
-from hsd_cli.batch.tasks import DocumentOutcome
+from hsd_cli.document.tasks import DocumentOutcome
 from hsd_cli.batch.worker import peak_rss_mib
 from hsd_cli.records.kinds import DocStatus
 from hsd_cli.records.totals import DecodingTotals

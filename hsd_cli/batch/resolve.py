@@ -5,11 +5,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from PIL import Image
+
 from hsd_cli.config import MIN_PART_PAGES, ConvertConfig, Executor, ModelConfig, RunConfig, ScheduleConfig
 
 if TYPE_CHECKING:
-    from hsd_cli.batch.inputs import InputDocument
+    from hsd_cli.document.inputs import InputDocument
     from hsd_cli.batch.reporting import Reporter
+
+
+A4_PT = (595.0, 842.0)  # the larger of A4 and Letter
+
+
+def a4_page(dpi: int, max_pixels: int) -> Image.Image:
+    """A blank A4 page as the run renders it: the prompt a row is budgeted for."""
+    from hsd_cli.stages.rasterize import render_scale
+
+    scale = render_scale(A4_PT, dpi, max_pixels)
+    return Image.new("RGB", (round(A4_PT[0] * scale), round(A4_PT[1] * scale)), "white")
 
 
 def default_rows(
@@ -29,7 +42,7 @@ def default_rows(
     from hsd_cli.serving.rows import device_rows_choice, run_parts
 
     try:
-        choice = device_rows_choice(model, config.dpi, config.max_pixels)
+        choice = device_rows_choice(model, a4_page(config.dpi, config.max_pixels))
         if choice.rows == 1:
             rows = 1
         else:
@@ -54,7 +67,7 @@ def drafting_processes(model: ModelConfig | None, run: RunConfig) -> int:
         return run.draft_workers
     if model is None or run.executor is not Executor.LOCAL:
         return 0
-    from hsd_cli.batch.draft_processes import default_draft_processes
+    from hsd_cli.document.draft_processes import default_draft_processes
 
     return default_draft_processes(model.device != "cpu")
 

@@ -13,12 +13,12 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hsd_cli.batch.inputs import InputDocument, OutputPaths, assign_outputs, discover
+from hsd_cli.document.inputs import InputDocument, OutputPaths, assign_outputs, discover
 from hsd_cli.batch.local_executor import LocalExecutor
 from hsd_cli.batch.reporting import EventLog, Reporter, manifest_record, run_summary
 from hsd_cli.batch.resolve import resolve_schedule
 from hsd_cli.batch.schedule import Part, Schedule, SplitDocument
-from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256
+from hsd_cli.document.tasks import DocumentOutcome, DocumentTask, config_hash, file_sha256
 from hsd_cli.batch.worker import Limits, ProgressSink, WorkerPool
 from hsd_cli.config import ConvertConfig, Executor, ModelConfig, ResolvedConfig, RunConfig, parse_shard
 from hsd_cli.output.manifest import STATE_DIR, Manifest, OutputLock, remove_stale_temp_files

@@ -6,8 +6,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from hsd_cli.batch.inputs import InputDocument, OutputPaths
-from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask
+from hsd_cli.document.inputs import InputDocument, OutputPaths
+from hsd_cli.document.tasks import DocumentOutcome, DocumentTask
 
 
 @dataclass

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.document.tasks import DocumentTask
 from hsd_cli.batch.worker import CRASHED_ELSEWHERE, DOCUMENT_STATES, RESTARTED, WORKER_ERROR
 
 Event = tuple[int, str, Any]  # (channel, name, payload), as a worker sends it

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from hsd_cli.serving.pipeline_lock import holding
 from hsd_cli.records.kinds import DocStatus
-from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask
+from hsd_cli.document.tasks import DocumentOutcome, DocumentTask
 
 
 def _reset_peak_rss() -> None:

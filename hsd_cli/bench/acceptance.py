@@ -28,7 +28,7 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
     convert run, by the outputs of the document's earlier pages."""
     from hsd_cli.bench.oracle import BenchBlock, BenchPage
     from hsd_cli.config import ConvertConfig
-    from hsd_cli.batch.inputs import sniff_kind
+    from hsd_cli.document.inputs import sniff_kind
     from hsd_cli.profiles import square_side
     from hsd_cli.replay.dataset import pair_pages, region_target
     from hsd_cli.stages.draft import draft_page, make_draft_backend

@@ -32,7 +32,7 @@ import typer
 
 from hsd_cli.config import ConvertConfig, Stages
 from hsd_cli.decoding.stats import speedup, tau
-from hsd_cli.batch.inputs import InputDocument, discover
+from hsd_cli.document.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
     from hsd_cli.decoding.stats import DecodeStats

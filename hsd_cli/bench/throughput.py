@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hsd_cli.config import Sizing
-from hsd_cli.batch.inputs import InputDocument, discover
+from hsd_cli.document.inputs import InputDocument, discover
 
 if TYPE_CHECKING:
     from PIL import Image

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pymupdf
 
-from hsd_cli.batch.draft_processes import DraftProcesses, shared_draft_processes, threads_per_process
-from hsd_cli.batch.inputs import InputDocument
-from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.document.draft_processes import DraftProcesses, shared_draft_processes, threads_per_process
+from hsd_cli.document.inputs import InputDocument
+from hsd_cli.document.tasks import DocumentTask
 from hsd_cli.config import DocumentConfig, ImageMode
 from hsd_cli.document.faults import debug_fault
 from hsd_cli.records.kinds import BlockKind

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hsd_cli.batch.inputs import InputDocument
+from hsd_cli.document.inputs import InputDocument
 from hsd_cli.stages.draft import exception_line
 
 PAGE_ATTEMPTS = 2  # a page that raises is tried once more before it is marked failed

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pymupdf
 
-from hsd_cli.batch.tasks import DocumentTask
+from hsd_cli.document.tasks import DocumentTask
 from hsd_cli.config import ModelConfig, ScheduleConfig, Stages, document_parts, select_pages
 from hsd_cli.document.checkpoints import checkpoint_path, load_checkpoint, save_checkpoint
 from hsd_cli.document.drafting import DraftsAhead, draft_stage, drafts_ahead, release_freed_memory

@@ -7,7 +7,7 @@ import io
 import time
 import traceback
 
-from hsd_cli.batch.tasks import DocumentOutcome, DocumentTask, output_config
+from hsd_cli.document.tasks import DocumentOutcome, DocumentTask, output_config
 from hsd_cli.config import ImageMode
 from hsd_cli.document.checkpoints import checkpoint_path, load_checkpoint
 from hsd_cli.document.pipeline import EventSink, convert_document

@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import Image
 
 from hsd_cli.config import ConvertConfig
-from hsd_cli.batch.inputs import DOCUMENT_SUFFIXES, sniff_kind
+from hsd_cli.document.inputs import DOCUMENT_SUFFIXES, sniff_kind
 from hsd_cli.replay.align import locate
 from hsd_cli.replay.fingerprint import PageFingerprint, fingerprint
 from hsd_cli.stages.draft import draft_page, make_draft_backend

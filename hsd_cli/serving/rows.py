@@ -30,7 +30,6 @@ GIB = 1 << 30
 MAX_DEFAULT_ROWS = 256  # vLLM's default max_num_seqs
 DEVICE_SHARE = 0.9  # of the device's memory planned for (vLLM's gpu_memory_utilization)
 WORKSPACE_BYTES = 4 * GIB  # beside weights and caches: a prefill's activations, a step's logits
-A4_PT = (595.0, 842.0)  # the larger of A4 and Letter
 # A document in flight in the worker, beside the model: its open PDF, pages, drafts and the
 # pipeline's state. Measured with the model on the CPU (so an upper figure): the worker's peak
 # grew from 1,642-1,817 MiB at one row to 3,276-3,514 MiB at 8 (docs/BENCHMARKS.md).
@@ -58,22 +57,20 @@ def bounded(*rows: int) -> int:
     return max(1, min(MAX_DEFAULT_ROWS, *rows))
 
 
-def device_rows_choice(model: ModelConfig, dpi: int, max_pixels: int) -> RowsChoice:
-    """The rows a run with this model and render size keeps in flight by default."""
+def device_rows_choice(model: ModelConfig, page: Image.Image) -> RowsChoice:
+    """The rows a run with this model keeps in flight by default, `page` the largest page it
+    expects (an A4 page at the run's render size: batch.resolve.a4_page)."""
     from transformers import AutoConfig
 
     from hsd_cli.processes import available_memory
     from hsd_cli.decoding.hf_target.footprint import device_memory, model_footprint, prompt_tokens
     from hsd_cli.models.family_settings import settings_for
-    from hsd_cli.stages.rasterize import render_scale
 
     device_bytes = device_memory(model.device)
     if device_bytes is None:
         return RowsChoice(1, "the model runs on the CPU; --max-rows N keeps more in flight")
     config = AutoConfig.from_pretrained(model.model, trust_remote_code=model.trust_remote_code)
     footprint = model_footprint(config, model.dtype, model.trust_remote_code)
-    scale = render_scale(A4_PT, dpi, max_pixels)
-    page = Image.new("RGB", (round(A4_PT[0] * scale), round(A4_PT[1] * scale)), "white")
     prompt = settings_for(model.family).page_prompt
     tokens = prompt_tokens(model.model, model.family, page, prompt, model.trust_remote_code) + model.max_new_tokens
     on_device = device_rows(device_bytes, footprint.weight_bytes, tokens * footprint.kv_bytes_per_token)

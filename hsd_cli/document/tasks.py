@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from hsd_cli.config import ConvertConfig, DocumentConfig, ResolvedConfig, Stages
-from hsd_cli.batch.inputs import InputDocument, OutputPaths
+from hsd_cli.document.inputs import InputDocument, OutputPaths
 from hsd_cli.output.json_doc import SCHEMA_VERSION
 from hsd_cli.records.kinds import DocStatus
 from hsd_cli.records.totals import DecodingTotals
