@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from hsd_cli.config import ConvertConfig, DocumentConfig, ResolvedConfig, Stages
+from hsd_cli.config import DocumentConfig, ResolvedConfig, Stages
 from hsd_cli.document.inputs import InputDocument, OutputPaths
 from hsd_cli.output.json_doc import SCHEMA_VERSION
 from hsd_cli.records.kinds import DocStatus
@@ -70,15 +70,13 @@ def page_timeout_matters(config: ResolvedConfig) -> bool:
     return config.model is not None and config.document.stages is Stages.AUTO
 
 
-# ConvertConfig fields that cannot change a document's output bytes: where outputs go, which
-# inputs are found, a password (a wrong one fails the document) and trusting a model's own code
-# (a model that needs it fails without it). Every other field is in `output_config`: a document
-# option as given, a model option as resolved (ModelConfig has a field of the same name).
+# Convert options that cannot change a document's output bytes: where outputs go, which inputs
+# are found, a password (a wrong one fails the document) and trusting a model's own code (a model
+# that needs it fails without it). Every other option is in `output_config` (tests/test_config.py
+# holds it): a document option as given, a model option as resolved.
 OUTPUT_NEUTRAL_FIELDS = frozenset({"output_dir", "recursive", "password", "trust_remote_code"})
 _DOCUMENT_FIELDS = tuple(f.name for f in fields(DocumentConfig) if f.name not in OUTPUT_NEUTRAL_FIELDS)
-_MODEL_FIELDS = tuple(
-    f.name for f in fields(ConvertConfig) if f.name not in OUTPUT_NEUTRAL_FIELDS and f.name not in _DOCUMENT_FIELDS
-)
+_MODEL_FIELDS = ("model", "device", "dtype", "max_new_tokens", "baseline", "profile")
 
 
 def output_config(config: ResolvedConfig) -> dict[str, object]:
