@@ -131,7 +131,10 @@ class Reporter:
     def summary(self, summary: dict[str, Any]) -> None:
         if self.quiet:
             return
-        table = Table(title="hsd convert", title_justify="left")
+        # A near-lossless run's output is not plain decoding's: its table says so first.
+        near_lossless = summary["near_lossless"]
+        title = "hsd convert" if near_lossless is None else f"hsd convert (near-lossless, TAU {near_lossless:g})"
+        table = Table(title=title, title_justify="left")
         counts = {status: n for status, n in summary["counts"].items() if n}
         decoding = summary["decoding"]
         extra = ("tau", "speedup") if decoding else ()
@@ -595,6 +598,7 @@ def _summary(
         "exit_code": int(code),
         "output_dir": str(config.output_dir),
         "model": config.model,
+        "near_lossless": config.near_lossless,
         "max_rows": max_rows,
         "counts": {status.value: counts.get(status.value, 0) for status in DocStatus},
         "pages": pages,

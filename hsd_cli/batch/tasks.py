@@ -101,6 +101,7 @@ def vlm_options(
         reads_page=reads_page,
         max_rows=max_rows,
         sizing=sizing,
+        near_lossless=config.near_lossless,
     )
 
 
@@ -108,6 +109,9 @@ def vlm_options(
 # inputs are found, a password (a wrong one fails the document) and trusting a model's own code
 # (a model that needs it fails without it). Every other field is in `output_config`.
 OUTPUT_NEUTRAL_FIELDS = frozenset({"output_dir", "recursive", "password", "trust_remote_code"})
+# Fields added since outputs were first hashed whose unset value is the behaviour before them:
+# recorded (and hashed) only when set, so that a run without them keeps its bytes and resumes.
+RECORDED_WHEN_SET_FIELDS = frozenset({"near_lossless"})
 
 
 def page_timeout_matters(config: ConvertConfig) -> bool:
@@ -122,7 +126,10 @@ def output_config(config: ConvertConfig, page_timeout: float) -> dict[str, objec
     def plain(value: object) -> object:
         return value if value is None or isinstance(value, (bool, int, float)) else str(value)
 
-    options = {key: plain(value) for key, value in asdict(config).items() if key not in OUTPUT_NEUTRAL_FIELDS}
+    options = {
+        key: plain(value) for key, value in asdict(config).items()
+        if key not in OUTPUT_NEUTRAL_FIELDS and not (key in RECORDED_WHEN_SET_FIELDS and value is None)
+    }
     return options | ({"page_timeout": page_timeout} if page_timeout_matters(config) else {})
 
 

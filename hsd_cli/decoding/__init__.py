@@ -23,6 +23,7 @@ _MODULE_OF = {
     "HFTarget": "hf_target",
     "LoadSizer": "sizing",
     "ReadSizers": "sizing",
+    "NearLossless": "verify",
     "NoDraftProposer": "proposer",
     "ProposerConfig": "proposer",
     "RepetitionLoop": "repetition",
@@ -35,10 +36,8 @@ _MODULE_OF = {
     "decode_many": "loop",
     "decode_result": "loop",
     "find_repetition": "repetition",
-    "inside_tex_math": "verify",
     "load_target": "hf_target",
     "make_proposer": "loop",
-    "math_guard": "verify",
     "repetition_stop": "repetition",
 }
 __all__ = sorted(_MODULE_OF)

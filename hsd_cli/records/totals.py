@@ -50,6 +50,16 @@ class BaselineCheck:
     first_divergence: int | None  # the first token where they differ (bf16 near-ties can flip one)
     forwards: int  # one per token: the prefill gives the first
     guard_stopped_at: int | None = None  # hsd's tokens where its repetition guard cut an output generate went on with
+    # Near-lossless readings only (None otherwise): the token edit distance from plain decoding's
+    # output (page_stage.token_edit_distance), as far as it was compared.
+    changed_tokens: int | None = None
+
+    def as_json(self) -> dict[str, object]:
+        """The page JSON's `stats.baseline`; `changed_tokens` only where it was counted."""
+        record = vars(self).copy()
+        if self.changed_tokens is None:
+            del record["changed_tokens"]
+        return record
 
 
 @dataclass(frozen=True)

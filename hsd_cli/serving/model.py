@@ -12,7 +12,7 @@ from functools import cache
 from PIL import Image
 
 from hsd_cli.decoding import (
-    DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, ReadSizers, UnsupportedTransformersError, check_cache_layout, decode_batch,
+    DecodeConfig, DecodeRequest, DecodeResult, LoadSizer, NearLossless, ReadSizers, UnsupportedTransformersError, check_cache_layout, decode_batch,
     load_target, make_proposer,
 )
 from hsd_cli.decoding.hf_target.families import adapter_for
@@ -37,6 +37,7 @@ class VlmOptions:
     # Does the model read this page? A replay model (a benchmark stand-in) recites only the pages it
     # was built on; `hsd convert` gives its check. None: the model reads any page.
     reads_page: Callable[[Image.Image], bool] | None = None
+    near_lossless: float | None = None  # --near-lossless TAU (None: lossless); the stages give the rule its policy
 
 
 class PageTimedOut(Exception):
@@ -166,10 +167,14 @@ class VlmModel:
             raise PageTimedOut
         return results
 
-    def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult:
-        """One picture read, verifying `drafts` (matched as the family's settings say)."""
+    def decode(
+        self, picture: Image.Image, prompt: str, drafts: Sequence[str], near_lossless: NearLossless | None = None,
+    ) -> DecodeResult:
+        """One picture read, verifying `drafts` (matched as the family's settings say), under
+        the near-lossless rule where one is given."""
         proposer = make_proposer(self.target, drafts, self.settings.draft_match)
-        return self.decode_batch([DecodeRequest(picture, prompt, proposer)], sizer=self.sizer(picture))[0]
+        request = DecodeRequest(picture, prompt, proposer, near_lossless=near_lossless)
+        return self.decode_batch([request], sizer=self.sizer(picture))[0]
 
     def generate_plainly(self, picture: Image.Image, prompt: str, max_new_tokens: int, repetition_guard: bool = False) -> list[int]:
         """transformers' own generate, with the model to itself between the shared batch's steps."""

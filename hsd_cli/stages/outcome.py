@@ -52,6 +52,8 @@ def model_reading(drafted: Page, read: Reading, budget: int, outside_replay_set:
         notices.append("the replay model was not built on this page; its output recites another page and is not a reading of this one")
     if read.rotation:
         flags.append(PageFlag.ROTATED)
+    if read.near_lossless is not None:
+        flags.append(PageFlag.NEAR_LOSSLESS)
     result, draft_from = read.result, None
     if result.loop is not None:
         draft_from = draft_after_reading(drafted.blocks, read.text)

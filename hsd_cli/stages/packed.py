@@ -16,6 +16,7 @@ from hsd_cli.decoding import DecodeRequest, make_proposer
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Page, Reading
 from hsd_cli.stages.dialect import page_drafts
+from hsd_cli.stages.math_policy import near_lossless_rule
 from hsd_cli.stages.page_stage import page_stage
 from hsd_cli.stages.region import planned_crops, region_result
 
@@ -34,9 +35,13 @@ def packed_stage(model: VlmModel, page: Page, regions: Collection[str], settings
     target, match = model.target, model.settings.draft_match
     planned = planned_crops(model, page, regions, settings)[:PACKED_REGIONS]
     drafts = page_drafts(page.blocks, settings, page_size=page.size_pt)
-    page_row = DecodeRequest(page.picture, model.settings.page_prompt, make_proposer(target, drafts, match, growing=True))
+    rule = near_lossless_rule(model)
+    page_row = DecodeRequest(
+        page.picture, model.settings.page_prompt, make_proposer(target, drafts, match, growing=True), near_lossless=rule
+    )
     region_rows = [
-        DecodeRequest(crop, prompt, make_proposer(target, texts, match), feeds=0) for _, (crop, prompt, texts) in planned
+        DecodeRequest(crop, prompt, make_proposer(target, texts, match), near_lossless=rule, feeds=0)
+        for _, (crop, prompt, texts) in planned
     ]
     packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.picture))
     results = tuple(region_result(block, result, settings) for (block, _), result in zip(planned, region_results, strict=True))

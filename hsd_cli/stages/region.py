@@ -17,6 +17,7 @@ from hsd_cli.records.page import Page
 from hsd_cli.records.kinds import Block
 from hsd_cli.stages.dialect import block_drafts, draft_plan
 from hsd_cli.stages.grounding import split_grounding
+from hsd_cli.stages.math_policy import near_lossless_rule
 from hsd_cli.stages.rasterize import crop_block
 from hsd_cli.records.totals import RegionResult
 
@@ -54,10 +55,11 @@ def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings
         return ()
     largest = max((crop for _, (crop, _, _) in planned), key=lambda crop: max(crop.size))
     sizer = model.sizer(largest)  # one per page: its crops' acceptance is learned across batches
+    rule = near_lossless_rule(model)  # a region's reading drafts the page: under the rule, it changes the page's too
     results: list[DecodeResult] = []
     for start in range(0, len(planned), REGION_BATCH):
         requests = [
-            DecodeRequest(crop, prompt, make_proposer(model.target, drafts, model.settings.draft_match))
+            DecodeRequest(crop, prompt, make_proposer(model.target, drafts, model.settings.draft_match), near_lossless=rule)
             for _, (crop, prompt, drafts) in planned[start : start + REGION_BATCH]
         ]
         results += model.decode_batch(requests, sizer=sizer)

@@ -1,0 +1,73 @@
+"""Where `--near-lossless` may take a close draft token for the model's own: never in math.
+
+The decoding core asks a policy (decoding.NearLossless.may_relax) and knows nothing of text; this
+is the pipeline's policy, over the text the model's tokens decode to (TeX math in Markdown, as
+the OCR models write it). A formula's every token is the model's: a close token there is a
+different formula, where in prose it is most often a different spelling of the same words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hsd_cli.decoding import NearLossless
+    from hsd_cli.serving.model import VlmModel
+
+# The LaTeX environments that are math without a $ or \( around them.
+_MATH_ENVIRONMENT = re.compile(r"\\(begin|end)\{(?:equation|align|alignat|gather|multline|eqnarray|displaymath|math)\*?\}")
+# A token that writes either opens, closes or escapes something TeX reads: never taken on closeness.
+_TEX_MARKS = ("$", "\\")
+
+
+def inside_tex_math(text: str) -> bool:
+    """Does `text` end inside $...$, $$...$$, \\(...\\), \\[...\\] or a math environment
+    (equation, align, ...)? An escaped \\$ is a dollar sign."""
+    inline = display = False
+    i = 0
+    while i < len(text):
+        if text.startswith("\\$", i):
+            i += 2
+            continue
+        if text.startswith("$$", i):
+            display, i = not display, i + 2
+            continue
+        if text[i] == "$" and not display:
+            inline = not inline
+        i += 1
+    depth = 0
+    for match in _MATH_ENVIRONMENT.finditer(text):
+        depth = depth + 1 if match.group(1) == "begin" else max(0, depth - 1)
+    return (
+        inline or display or depth > 0
+        or text.rfind("\\(") > text.rfind("\\)") or text.rfind("\\[") > text.rfind("\\]")
+    )
+
+
+@dataclass(frozen=True)
+class OutsideMath:
+    """A near-lossless policy over token ids: a draft token may stand for the model's pick only
+    where the output so far is outside math, neither token writes a `$` or a backslash, and
+    neither would put the output inside math (a `(` after a lone backslash opens \\( ... \\))."""
+
+    decode: Callable[[Sequence[int]], str]  # the model's tokenizer, token ids to text
+
+    def __call__(self, output: Sequence[int], draft: int, pick: int) -> bool:
+        pieces = (self.decode([draft]), self.decode([pick]))
+        if any(mark in piece for piece in pieces for mark in _TEX_MARKS):
+            return False
+        text = self.decode(output)
+        return not inside_tex_math(text) and not any(inside_tex_math(text + piece) for piece in pieces)
+
+
+def near_lossless_rule(model: VlmModel) -> NearLossless | None:
+    """The rule the model's stages decode with under `--near-lossless TAU`; None without it
+    (lossless)."""
+    if model.options.near_lossless is None:
+        return None
+    from hsd_cli.decoding import NearLossless  # imports torch: only where a model runs
+
+    return NearLossless(model.options.near_lossless, OutsideMath(model.target.decode))
