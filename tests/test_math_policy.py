@@ -14,6 +14,8 @@ def test_inside_tex_math():
     assert not inside_tex_math("where \\(a\\) holds")
     assert inside_tex_math("\\[ x")
     assert not inside_tex_math("\\[ x \\] and")
+    assert not inside_tex_math("a TeX line break \\\\(no math)")
+    assert inside_tex_math("\\[ a \\\\ b")
 
 
 def test_math_environments_are_math():

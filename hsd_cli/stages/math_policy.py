@@ -17,8 +17,13 @@ if TYPE_CHECKING:
     from hsd_cli.decoding import NearLossless
     from hsd_cli.serving.model import VlmModel
 
-# The LaTeX environments that are math without a $ or \( around them.
-_MATH_ENVIRONMENT = re.compile(r"\\(begin|end)\{(?:equation|align|alignat|gather|multline|eqnarray|displaymath|math)\*?\}")
+# What opens, closes or escapes math in TeX-in-Markdown, scanned in C: the Python loop then runs
+# over the delimiters alone, not over every character of a page (asked at many steps of a page).
+# A TeX line break `\\` is taken first, so that `\\(` opens nothing.
+_DELIMITER = re.compile(
+    r"\\\\|\\\$|\$\$|\$|\\[()\[\]]"
+    r"|\\(begin|end)\{(?:equation|align|alignat|gather|multline|eqnarray|displaymath|math)\*?\}"
+)
 # A token that writes either opens, closes or escapes something TeX reads: never taken on closeness.
 _TEX_MARKS = ("$", "\\")
 
@@ -26,25 +31,21 @@ _TEX_MARKS = ("$", "\\")
 def inside_tex_math(text: str) -> bool:
     """Does `text` end inside $...$, $$...$$, \\(...\\), \\[...\\] or a math environment
     (equation, align, ...)? An escaped \\$ is a dollar sign."""
-    inline = display = False
-    i = 0
-    while i < len(text):
-        if text.startswith("\\$", i):
-            i += 2
-            continue
-        if text.startswith("$$", i):
-            display, i = not display, i + 2
-            continue
-        if text[i] == "$" and not display:
-            inline = not inline
-        i += 1
+    inline = display = paren = bracket = False
     depth = 0
-    for match in _MATH_ENVIRONMENT.finditer(text):
-        depth = depth + 1 if match.group(1) == "begin" else max(0, depth - 1)
-    return (
-        inline or display or depth > 0
-        or text.rfind("\\(") > text.rfind("\\)") or text.rfind("\\[") > text.rfind("\\]")
-    )
+    for match in _DELIMITER.finditer(text):
+        mark = match.group()
+        if mark == "$$":
+            display = not display
+        elif mark == "$" and not display:
+            inline = not inline
+        elif mark in ("\\(", "\\)"):
+            paren = mark == "\\("
+        elif mark in ("\\[", "\\]"):
+            bracket = mark == "\\["
+        elif match.group(1) is not None:
+            depth = depth + 1 if match.group(1) == "begin" else max(0, depth - 1)
+    return inline or display or paren or bracket or depth > 0
 
 
 @dataclass(frozen=True)
