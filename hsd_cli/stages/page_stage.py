@@ -50,7 +50,7 @@ def page_stage(
     rule = near_lossless_rule(model)
 
     def read(turned: Image.Image) -> DecodeResult:
-        return model.decode(turned, model.settings.page_prompt, drafts, rule)
+        return model.decode(turned, model.settings.page_prompt, drafts, near_lossless=rule)
 
     return replace(upright_read(picture, settings, read, upright), near_lossless=rule.tau if rule else None)
 
