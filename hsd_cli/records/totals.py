@@ -56,10 +56,7 @@ class BaselineCheck:
 
     def as_json(self) -> dict[str, object]:
         """The page JSON's `stats.baseline`; `changed_tokens` only where it was counted."""
-        record = vars(self).copy()
-        if self.changed_tokens is None:
-            del record["changed_tokens"]
-        return record
+        return {key: value for key, value in vars(self).items() if key != "changed_tokens" or value is not None}
 
 
 @dataclass(frozen=True)

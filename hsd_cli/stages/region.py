@@ -55,7 +55,9 @@ def region_stage(model: VlmModel, page: Page, regions: Collection[str], settings
         return ()
     largest = max((crop for _, (crop, _, _) in planned), key=lambda crop: max(crop.size))
     sizer = model.sizer(largest)  # one per page: its crops' acceptance is learned across batches
-    rule = near_lossless_rule(model)  # a region's reading drafts the page: under the rule, it changes the page's too
+    # Under the rule too: a region's reading only drafts the page, whose text under the rule
+    # depends on its drafts anyway, and it reads faster so.
+    rule = near_lossless_rule(model)
     results: list[DecodeResult] = []
     for start in range(0, len(planned), REGION_BATCH):
         requests = [
