@@ -148,6 +148,13 @@ def convert(
     baseline: Annotated[
         bool, typer.Option(envvar=_env("baseline"), help="Also decode each page plainly with transformers' generate, to measure the speedup against it.")
     ] = False,
+    near_lossless: Annotated[
+        float | None,
+        typer.Option(
+            metavar="TAU", envvar=_env("near_lossless"),
+            help="Near-lossless decoding (off by default): also accept a draft token whose probability is at least TAU (0 < TAU <= 1) times the model's top token's, never inside math; the output may then differ from plain decoding's, and each page says so.",
+        ),
+    ] = None,
     profile: Annotated[
         str | None,
         typer.Option(envvar=_env("profile"), help="Cost profile (a name `hsd profile` stored, or a JSON file) that --stages auto plans each page with (default: the stored profile of this model, device and dtype, if there is one; else a fixed rule)."),
@@ -241,6 +248,7 @@ def convert(
             max_new_tokens=max_new_tokens,
             baseline=baseline,
             profile=profile,
+            near_lossless=near_lossless,
         )
         run_config = RunConfig(
             overwrite=overwrite,

@@ -79,6 +79,9 @@ class ConvertConfig:
     max_new_tokens: int | None = None  # None: the model family's setting
     baseline: bool = False
     profile: str | None = None  # cost profile for --stages auto (None: the stored one of the model, if any)
+    # --near-lossless TAU: also accept a draft token within TAU of the model's own (never in math);
+    # None: lossless, the output is plain decoding's.
+    near_lossless: float | None = None
 
     def __post_init__(self) -> None:
         if self.stages in (Stages.PAGE, Stages.REGION_PAGE, Stages.PACKED) and self.model is None:
@@ -91,6 +94,10 @@ class ConvertConfig:
             raise UsageError(f"--dpi must be between 36 and 600, got {self.dpi}")
         if self.max_pixels < 64 * 64:
             raise UsageError(f"--max-pixels must be at least {64 * 64}, got {self.max_pixels}")
+        if self.near_lossless is not None and not 0.0 < self.near_lossless <= 1.0:
+            raise UsageError(f"--near-lossless must be within (0, 1], got {self.near_lossless:g}")
+        if self.near_lossless is not None and self.model is None:
+            raise UsageError("--near-lossless needs a VLM: give --model ID|DIR")
         if self.pages is not None:
             parse_page_ranges(self.pages)  # validate early: a typo is a usage error, not N failures
 
@@ -133,6 +140,7 @@ class ModelConfig:
     max_new_tokens: int
     baseline: bool  # also decode plainly, to measure the speedup
     profile: str | None  # the cost profile plans and tree sizes are priced on; None: there is none
+    near_lossless: float | None = None  # --near-lossless TAU; None: lossless
     # "module:callable" that wraps the model's reader (a benchmark stand-in flags the pages it was
     # not built on); the worker imports it by name, so the product never imports the stand-ins.
     reader_wrapper: str | None = None

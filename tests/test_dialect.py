@@ -293,7 +293,10 @@ def test_the_page_stage_drafts_in_the_dialect_earlier_pages_settled_and_reports_
     table = block(BlockKind.TABLE, PIPE, html=SPANNING)
     seen_drafts = []
     real_decode = model.decode
-    monkeypatch.setattr(model, "decode", lambda picture, prompt, drafts: seen_drafts.append(drafts) or real_decode(picture, prompt, drafts))
+    monkeypatch.setattr(
+        model, "decode",
+        lambda picture, prompt, drafts, near_lossless=None: seen_drafts.append(drafts) or real_decode(picture, prompt, drafts, near_lossless),
+    )
     output = _vlm_page(model, image, (table,), ["|---|---|\n"])
     assert seen_drafts[0][2:] == [PIPE] and "is_table: True" in seen_drafts[0][0], "the family's front matter first"
     assert output.reading.dialect["table_format"] == "pipe"
@@ -342,7 +345,7 @@ def test_the_page_stage_keeps_front_matter_out_of_the_pages_text_and_reports_it(
     # The tiny random model writes no front matter: stand in an olmOCR output for its decoding.
     seen_drafts, outputs = [], [OLMOCR_OUTPUT, OLMOCR_OUTPUT.replace("en", "null").split("The")[0]]
 
-    def olmocr_decode(image, prompt, drafts):
+    def olmocr_decode(image, prompt, drafts, near_lossless=None):
         seen_drafts.append(drafts)
         return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=1, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
 
@@ -367,7 +370,7 @@ def test_a_page_the_front_matter_calls_rotated_is_turned_and_read_again(tmp_path
     sideways = OLMOCR_OUTPUT.replace("is_rotation_valid: True\nrotation_correction: 0", "is_rotation_valid: False\nrotation_correction: 90")
     seen_sizes, outputs = [], [sideways.replace("The harvest", "Garbled"), OLMOCR_OUTPUT]
 
-    def olmocr_decode(image, prompt, drafts):
+    def olmocr_decode(image, prompt, drafts, near_lossless=None):
         seen_sizes.append(image.size)
         return DecodeResult(tokens=[1, 2], stats=DecodeStats(forwards=5, new_tokens=2), stop_reason="eos", text=outputs.pop(0))
 

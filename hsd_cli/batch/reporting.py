@@ -106,7 +106,10 @@ class Reporter:
     def summary(self, summary: dict[str, Any]) -> None:
         if self.quiet:
             return
-        table = Table(title="hsd convert", title_justify="left")
+        # A near-lossless run's output is not plain decoding's: its table says so first.
+        near_lossless = summary["near_lossless"]
+        title = "hsd convert" if near_lossless is None else f"hsd convert (near-lossless, TAU {near_lossless:g})"
+        table = Table(title=title, title_justify="left")
         counts = {status: n for status, n in summary["counts"].items() if n}
         decoding = summary["decoding"]
         extra = ("tau", "speedup") if decoding else ()
@@ -162,7 +165,8 @@ def _decoding_summary(per_document: list[DecodingTotals]) -> dict[str, Any] | No
 
 
 def run_summary(
-    outcomes: list[DocumentOutcome], started: float, code: int, output_dir: Path, model: str | None, max_rows: int | None
+    outcomes: list[DocumentOutcome], started: float, code: int, output_dir: Path, model: str | None, max_rows: int | None,
+    near_lossless: float | None = None,
 ) -> dict[str, Any]:
     """The run's JSON summary (`--json`), which the table on stderr shows in part."""
     seconds = time.perf_counter() - started
@@ -178,6 +182,7 @@ def run_summary(
         "exit_code": int(code),
         "output_dir": str(output_dir),
         "model": model,
+        "near_lossless": near_lossless,
         "max_rows": max_rows,
         "counts": {status.value: counts.get(status.value, 0) for status in DocStatus},
         "pages": pages,

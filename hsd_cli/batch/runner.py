@@ -265,7 +265,9 @@ def run_convert(
     for arg in found.unmatched:
         reporter.warn(f"no document matched {arg!r}")
     if not found.documents and not found.missing:
-        return ExitCode.NO_INPUT, run_summary([], started, int(ExitCode.NO_INPUT), config.output_dir, config.model, run.max_rows)
+        return ExitCode.NO_INPUT, run_summary(
+            [], started, int(ExitCode.NO_INPUT), config.output_dir, config.model, run.max_rows, config.near_lossless
+        )
     # A missing file belongs to one shard, as it would if it existed.
     missing = [path for path in found.missing if in_shard(Path(path.name), run.shard)]
     # Output names come from the whole input set, so every shard names a document alike.
@@ -284,7 +286,7 @@ def run_convert(
     outcomes = BatchRun(config, run, resolved, reporter, events).execute(planned, missing)
     failed = any(outcome.status.is_failure for outcome in outcomes)
     code = ExitCode.SOME_FAILED if failed else ExitCode.OK
-    summary = run_summary(outcomes, started, int(code), config.output_dir, config.model, schedule.rows)
+    summary = run_summary(outcomes, started, int(code), config.output_dir, config.model, schedule.rows, config.near_lossless)
     events.emit("run_done", exit_code=int(code), counts=summary["counts"])
     reporter.summary(summary)
     return code, summary

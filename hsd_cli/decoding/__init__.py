@@ -23,6 +23,7 @@ _MODULE_OF = {
     "HFTarget": "hf_target",
     "LoadSizer": "sizing",
     "ReadSizers": "sizing",
+    "NearLossless": "verify",
     "NoDraftProposer": "proposer",
     "ProposerConfig": "proposer",
     "RepetitionLoop": "repetition",
@@ -36,10 +37,8 @@ _MODULE_OF = {
     "decode_result": "loop",
     "draft_allowance": "loop",
     "find_repetition": "repetition",
-    "inside_tex_math": "verify",
     "load_target": "hf_target",
     "make_proposer": "loop",
-    "math_guard": "verify",
     "repetition_stop": "repetition",
 }
 __all__ = sorted(_MODULE_OF)

@@ -21,7 +21,7 @@ from .sizing import LoadSizer
 from .stats import DecodeStats
 from .timing import wait_for
 from .tree import TokenTree, TreeBatch, batch_trees
-from .verify import SamplingConfig, StepOutcome, accept_path_near_lossless, first_tokens, row_logits, verify_trees
+from .verify import NearLossless, SamplingConfig, StepOutcome, first_tokens, relax_path, row_logits, verify_trees
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class DecodeRequest:
     image: Any  # a PIL image, or None for a text-only prompt
     prompt: str
     proposer: Proposer = field(default_factory=NoDraftProposer)
-    # For near-lossless mode: is the output (token ids) currently inside math? Then stay exact.
-    inside_math: Callable[[Sequence[int]], bool] = lambda tokens: False
+    # None: lossless (the output is plain decoding's). Else the near-lossless rule with the
+    # caller's policy of where it may apply; greedy decoding only.
+    near_lossless: NearLossless | None = None
     # The request (by index among the requests decoded together) whose proposer takes this one's
     # output as a draft when it ends (a region crop's output drafting its page); its proposer must
     # be a DraftSink.
@@ -172,19 +173,18 @@ def _propose(active: list[DecodeSequence]) -> tuple[list[TokenTree], list[TokenT
 
 
 def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
-    if sampling.near_lossless_tau is not None and sampling.greedy:
-        return [
-            accept_path_near_lossless(
-                trees.tokens[row].tolist(),
-                trees.parents[row].tolist(),
-                node_logits,
-                sequence.tokens,
-                sampling.near_lossless_tau,
-                sequence.request.inside_math,
-            )
-            for row, (sequence, node_logits) in enumerate(zip(active, row_logits(trees, logits)))
-        ]
-    return verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], sampling)
+    """Each row's exact outcome, and where the row's request has the near-lossless rule, its walk
+    under the rule from there."""
+    outcomes = verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], sampling)
+    if all(s.request.near_lossless is None for s in active):
+        return outcomes
+    return [
+        outcome if sequence.request.near_lossless is None else relax_path(
+            outcome, trees.tokens[row].tolist(), trees.parents[row].tolist(), node_logits, sequence.tokens,
+            sequence.request.near_lossless,
+        )
+        for row, (sequence, outcome, node_logits) in enumerate(zip(active, outcomes, row_logits(trees, logits)))
+    ]
 
 
 def _step(target: Target, state: TargetState, active: list[DecodeSequence], config: DecodeConfig, stop_ids: set[int]) -> None:
@@ -203,7 +203,7 @@ def _step(target: Target, state: TargetState, active: list[DecodeSequence], conf
         path_tokens = [tree.tokens[node] for node in outcome.path[1:]]
         sequence.request.proposer.observe(path_tokens)
         emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
-        sequence.stats.record_step(len(tree) - 1, outcome.accepted, emitted, len(active), trees.width)
+        sequence.stats.record_step(len(tree) - 1, outcome.accepted, emitted, len(active), trees.width, outcome.relaxed)
     finished_at = perf_counter()
     for sequence in active:
         sequence.stats.propose_s += proposed_at - start
@@ -230,6 +230,8 @@ class RunningBatch:
     def admit(self, newcomers: dict[int, DecodeSequence]) -> list[tuple[int, DecodeResult]]:
         """Prefill the newcomers (by batch key) and join their rows; the rows that ended at their
         first token leave at once. A prefill that raises leaves the running rows as they were."""
+        if not self.config.sampling.greedy and any(s.request.near_lossless for s in newcomers.values()):
+            raise ValueError("the near-lossless rule is greedy decoding's: it cannot apply while sampling")
         for sequence in newcomers.values():
             sequence.request.proposer.start()
         joining = _prefill(self.target, newcomers, self.config, self.stop_ids, self.separate_prefill)

@@ -27,6 +27,7 @@ class DecodeStats:
     accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted draft tokens per step -> steps
     proposed: int = 0  # draft tokens sent to verification (tree nodes minus roots)
     accepted: int = 0  # draft tokens accepted (bonus tokens not included)
+    relaxed: int = 0  # of those, accepted by the near-lossless rule where the target picked another token
     prefill_s: float = 0.0
     propose_s: float = 0.0
     verify_s: float = 0.0  # tree forwards, verification and cache compaction
@@ -58,14 +59,15 @@ class DecodeStats:
         path back, the cache edits (what a cost profile prices per step beside the forward)."""
         return self.decode_s - self.forward_s
 
-    def record_step(self, proposed: int, accepted: int, emitted: int, rows: int, width: int) -> None:
+    def record_step(self, proposed: int, accepted: int, emitted: int, rows: int, width: int, relaxed: int = 0) -> None:
         """One tree forward over `rows` rows of `width` nodes: `emitted` is accepted + 1 unless EOS
-        or the budget cut the step."""
+        or the budget cut the step; `relaxed` of the accepted were the near-lossless rule's."""
         self.steps.append((rows, width, self.new_tokens))
         self.forwards += 1
         self.new_tokens += emitted
         self.proposed += proposed
         self.accepted += accepted
+        self.relaxed += relaxed
         self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
 
     def as_dict(self) -> dict:

@@ -27,9 +27,6 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int = 0
-    # Near-lossless: also accept a draft token d when p(d) >= near_lossless_tau * p(argmax).
-    # Greedy only; never where the caller's `inside_math` says the output is inside math.
-    near_lossless_tau: float | None = None
 
     @property
     def greedy(self) -> bool:
@@ -37,9 +34,22 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class NearLossless:
+    """The paper's near-lossless rule (greedy only): a draft token d is also accepted where the
+    target picks another token t, if p(d) >= tau * p(t) and `may_relax(output, d, t)` says d may
+    stand for t after `output` (the tokens emitted so far and the path accepted above the node).
+    The caller's policy says where (an OCR pipeline: never in math); the core asks it and knows
+    nothing of what the tokens mean."""
+
+    tau: float  # in (0, 1]
+    may_relax: Callable[[Sequence[int], int, int], bool]
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     path: list[int]  # accepted node indices from the root (node 0) down
     bonus: int  # the target's token at the last accepted node
+    relaxed: int = 0  # of the path's nodes, those accepted by the near-lossless rule, not as the target's pick
 
     @property
     def accepted(self) -> int:
@@ -162,59 +172,40 @@ def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> list[StepOutcome]:
     return [StepOutcome(on_path[start : start + length], bonus) for start, length, bonus in zip(starts, lengths, bonuses)]
 
 
-def accept_path_near_lossless(
-    tokens: Sequence[int],
-    parents: Sequence[int],
-    logits: torch.Tensor,
-    context: Sequence[int],
-    tau: float,
-    inside_math: Callable[[Sequence[int]], bool],
+def relax_path(
+    exact: StepOutcome, tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor, output: Sequence[int],
+    rule: NearLossless,
 ) -> StepOutcome:
-    """Greedy walk that also accepts a draft child d when p(d) >= tau * p(argmax).
-
-    The accepted token enters both the output and the cache, so the cache always matches the
-    output. `inside_math(tokens)` is asked for the output up to the node; inside math the walk
-    is exact.
-    """
+    """The greedy walk of one row under the near-lossless rule, from its exact walk (`exact`,
+    which the rule walks alike up to where it stopped): where no child carries the target's pick,
+    the closest child the rule accepts is taken, and the walk goes on from it. Its token enters
+    the output and the cache alike, so the cache always holds the output. `logits`: the row's
+    (nodes, V); `output`: the row's tokens emitted so far."""
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(parents):
         if parent >= 0:
             children.setdefault(parent, []).append(node)
-    probs = logits.float().softmax(-1).cpu()
-    node, path = 0, [0]
-    prefix = list(context)
+    path, pick, relaxed = list(exact.path), exact.bonus, exact.relaxed
+    so_far = [*output, *(tokens[node] for node in path[1:])]
     while True:
-        best = int(probs[node].argmax())
-        kids = children.get(node, [])
-        chosen = next((k for k in kids if tokens[k] == best), None)
-        if chosen is None and kids and not inside_math(prefix):
-            floor = tau * float(probs[node, best])
-            candidates = [k for k in kids if float(probs[node, tokens[k]]) >= floor]
-            chosen = max(candidates, key=lambda k: float(probs[node, tokens[k]]), default=None)
+        kids = children.get(path[-1], [])
+        chosen = next((kid for kid in kids if tokens[kid] == pick), None)
+        if chosen is None and kids:
+            chosen = closest_allowed(kids, tokens, logits[path[-1]], pick, so_far, rule)
+            relaxed += chosen is not None
         if chosen is None:
-            return StepOutcome(path, best)
+            return StepOutcome(path, pick, relaxed)
         path.append(chosen)
-        prefix.append(tokens[chosen])
-        node = chosen
+        so_far.append(tokens[chosen])
+        pick = int(logits[chosen].argmax())
 
 
-def inside_tex_math(text: str) -> bool:
-    """Does `text` end inside $...$, $$...$$, \\(...\\) or \\[...\\]? (For `inside_math`.)"""
-    inline = display = False
-    i = 0
-    while i < len(text):
-        if text.startswith("\\$", i):
-            i += 2
-            continue
-        if text.startswith("$$", i):
-            display, i = not display, i + 2
-            continue
-        if text[i] == "$" and not display:
-            inline = not inline
-        i += 1
-    return inline or display or text.rfind("\\(") > text.rfind("\\)") or text.rfind("\\[") > text.rfind("\\]")
-
-
-def math_guard(decode: Callable[[Sequence[int]], str]) -> Callable[[Sequence[int]], bool]:
-    """An `inside_math` predicate over token ids, for tokenizers that decode to TeX-in-Markdown."""
-    return lambda tokens: inside_tex_math(decode(tokens))
+def closest_allowed(
+    kids: Sequence[int], tokens: Sequence[int], logits: torch.Tensor, pick: int, output: Sequence[int], rule: NearLossless,
+) -> int | None:
+    """The most probable child within `rule.tau` of the pick that the rule lets stand for it
+    after `output`; None where there is none. The policy is asked last: it may cost a decode."""
+    probs = logits.float().softmax(-1)
+    floor = rule.tau * float(probs[pick])
+    close = sorted((kid for kid in kids if float(probs[tokens[kid]]) >= floor), key=lambda kid: -float(probs[tokens[kid]]))
+    return next((kid for kid in close if rule.may_relax(output, tokens[kid], pick)), None)

@@ -64,6 +64,11 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Options added since outputs were first hashed whose unset value is the behaviour before them:
+# recorded (and hashed) only when set, so that a run without them keeps its bytes and resumes.
+RECORDED_WHEN_SET_FIELDS = ("near_lossless",)
+
+
 def page_timeout_matters(config: ResolvedConfig) -> bool:
     """--page-timeout changes output where the planner may leave a page it predicts far over it to
     its draft (`--stages auto` with a model)."""
@@ -87,8 +92,9 @@ def output_config(config: ResolvedConfig) -> dict[str, object]:
 
     document = {key: plain(getattr(config.document, key)) for key in _DOCUMENT_FIELDS}
     model = {key: plain(getattr(config.model, key)) if config.model else None for key in _MODEL_FIELDS}
+    when_set = {key: plain(value) for key in RECORDED_WHEN_SET_FIELDS if (value := getattr(config.model, key, None)) is not None}
     timeout = {"page_timeout": config.schedule.page_timeout} if page_timeout_matters(config) else {}
-    return document | model | timeout
+    return document | model | when_set | timeout
 
 
 def config_hash(config: ResolvedConfig) -> str:

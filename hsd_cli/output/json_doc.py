@@ -45,10 +45,12 @@ def stats_json(page: Page) -> dict[str, Any] | None:
         stats["front_matter"] = reading.front_matter
     if reading.reads > 1:
         stats["rotation"] = {"degrees": reading.rotation, "reads": reading.reads, "earlier_forwards": reading.earlier_forwards}
+    if reading.near_lossless is not None:
+        stats["near_lossless"] = {"tau": reading.near_lossless, "relaxed": result.stats.relaxed}
     if reading.regions:
         stats["regions"] = regions_json(reading.regions)
     if reading.baseline is not None:
-        stats["baseline"] = vars(reading.baseline).copy()
+        stats["baseline"] = reading.baseline.as_json()
     if page.plan is not None and page.plan.predicted:
         stats["plan"] = page.plan.as_json()
     if result.loop is not None:

@@ -61,6 +61,7 @@ class PageFlag(StrEnum):
     EMPTY = "empty"  # the model read nothing where the draft has text: the page is written empty
     TRUNCATED = "truncated"  # the model's reading stopped at the token budget
     ROTATED = "rotated"  # the model's front matter turned the page; the reading is of the turned page
+    NEAR_LOSSLESS = "near_lossless"  # read under --near-lossless: outside math, a close draft token may stand for the model's own
     DEGRADED = "degraded"  # the draft came from OCR of the rendering, or its layout saw part of the page
 
 

@@ -71,6 +71,7 @@ class Reading:
     baseline: BaselineCheck | None = None  # --baseline only
     baseline_page_s: float | None = None
     grounding: Grounding | None = None  # the layout the output's grounding tags gave, where it has them
+    near_lossless: float | None = None  # --near-lossless's TAU where the page stage read with it (None: lossless)
 
     @property
     def reads(self) -> int:

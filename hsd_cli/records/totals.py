@@ -50,6 +50,13 @@ class BaselineCheck:
     first_divergence: int | None  # the first token where they differ (bf16 near-ties can flip one)
     forwards: int  # one per token: the prefill gives the first
     guard_stopped_at: int | None = None  # hsd's tokens where its repetition guard cut an output generate went on with
+    # Near-lossless readings only (None otherwise): the token edit distance from plain decoding's
+    # output (page_stage.token_edit_distance), as far as it was compared.
+    changed_tokens: int | None = None
+
+    def as_json(self) -> dict[str, object]:
+        """The page JSON's `stats.baseline`; `changed_tokens` only where it was counted."""
+        return {key: value for key, value in vars(self).items() if key != "changed_tokens" or value is not None}
 
 
 @dataclass(frozen=True)

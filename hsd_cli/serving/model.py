@@ -16,7 +16,7 @@ from PIL import Image
 from hsd_cli.config import ModelConfig, Sizing
 from hsd_cli.decoding import (
     DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result,
-    draft_allowance, load_target, make_proposer,
+    NearLossless, draft_allowance, load_target, make_proposer,
 )
 from hsd_cli.decoding.proposer import Proposer
 from hsd_cli.models.family_settings import ModelSettings, settings_for
@@ -41,6 +41,7 @@ class VlmModel:
         )
         self.settings: ModelSettings = settings_for(self.target.model_type)
         self.decode_config = DecodeConfig(max_new_tokens=config.max_new_tokens)
+        self.near_lossless = config.near_lossless
         self.profile = load_profile(config.profile) if config.profile else None
         self.engine = None
         if rows > 1:
@@ -51,6 +52,9 @@ class VlmModel:
 
     def encode(self, text: str) -> list[int]:
         return self.target.encode(text)
+
+    def decode_text(self, tokens: Sequence[int]) -> str:
+        return self.target.decode(list(tokens))
 
     def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
         return make_proposer(self.target, drafts, self.settings.draft_match, growing=growing)
@@ -98,9 +102,14 @@ class VlmModel:
             raise PageTimedOut
         return results
 
-    def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult:
-        """One picture read, verifying `drafts` (matched as the family's settings say)."""
-        request = DecodeRequest(picture, prompt, self.proposer(drafts), allowance=self.allowance(drafts))
+    def decode(
+        self, picture: Image.Image, prompt: str, drafts: Sequence[str], near_lossless: NearLossless | None = None,
+    ) -> DecodeResult:
+        """One picture read, verifying `drafts` (matched as the family's settings say), under
+        the near-lossless rule where one is given."""
+        request = DecodeRequest(
+            picture, prompt, self.proposer(drafts), allowance=self.allowance(drafts), near_lossless=near_lossless,
+        )
         return self.decode_batch([request], sizer=self.sizer(picture))[0]
 
     def generate_plainly(

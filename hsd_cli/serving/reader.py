@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer
+    from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, NearLossless
     from hsd_cli.decoding.proposer import Proposer
     from hsd_cli.decoding.repetition import RepetitionAllowance
     from hsd_cli.models.family_settings import ModelSettings
@@ -27,8 +27,11 @@ class Reader(Protocol):
     settings: ModelSettings  # the family's prompts, drafts' dialect and matching
     profile: Profile | None  # what a step and a prefill cost (None: no profile)
     decode_config: DecodeConfig  # the token budget and the repetition guard
+    near_lossless: float | None  # --near-lossless TAU; the stages give the rule its policy (None: lossless)
 
     def encode(self, text: str) -> list[int]: ...
+
+    def decode_text(self, tokens: Sequence[int]) -> str: ...
 
     def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
         """The drafts as a proposer of this model's tokens, matched as the family's settings say."""
@@ -44,7 +47,9 @@ class Reader(Protocol):
     def page_deadline(self, deadline: float | None) -> AbstractContextManager[None]:
         """This thread's reads stop at `deadline` (time.monotonic(); None: no limit)."""
 
-    def decode(self, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeResult: ...
+    def decode(
+        self, picture: Image.Image, prompt: str, drafts: Sequence[str], near_lossless: NearLossless | None = None,
+    ) -> DecodeResult: ...
 
     def decode_batch(
         self, requests: Sequence[DecodeRequest], *, separate_prefill: bool = False, sizer: LoadSizer | None = None,

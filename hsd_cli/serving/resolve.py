@@ -87,5 +87,6 @@ def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> M
     return ModelConfig(
         model=config.model, family=family, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code,
         max_new_tokens=config.max_new_tokens or settings.max_new_tokens, baseline=config.baseline,
-        profile=_profile(config.profile, config.model, device, dtype), reader_wrapper=reader_wrapper,
+        profile=_profile(config.profile, config.model, device, dtype), near_lossless=config.near_lossless,
+        reader_wrapper=reader_wrapper,
     )

@@ -53,6 +53,8 @@ def model_reading(drafted: Page, read: Reading, budget: int, reader_note: Reader
         notices.append(reader_note.notice)
     if read.rotation:
         flags.append(PageFlag.ROTATED)
+    if read.near_lossless is not None:
+        flags.append(PageFlag.NEAR_LOSSLESS)
     result, draft_from = read.result, None
     if result.loop is not None:
         draft_from = draft_after_reading(drafted.blocks, read.text)

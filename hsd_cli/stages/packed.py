@@ -16,6 +16,7 @@ from hsd_cli.decoding import DecodeRequest
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Page, Reading
 from hsd_cli.stages.dialect import page_drafts
+from hsd_cli.stages.math_policy import near_lossless_rule
 from hsd_cli.stages.page_stage import page_stage
 from hsd_cli.stages.region import planned_crops, region_result
 
@@ -34,11 +35,13 @@ def packed_stage(model: Reader, page: Page, regions: Collection[str], settings: 
     planned = planned_crops(model, page, regions, settings)[:PACKED_REGIONS]
     drafts = page_drafts(page.blocks, settings, page_size=page.size_pt)
     # The region outputs that join the page row's drafts come too late for its guard's allowance.
+    rule = near_lossless_rule(model)
     page_row = DecodeRequest(
         page.picture, model.settings.page_prompt, model.proposer(drafts, growing=True), allowance=model.allowance(drafts),
+        near_lossless=rule,
     )
     region_rows = [
-        DecodeRequest(crop, prompt, model.proposer(texts), feeds=0, allowance=model.allowance(texts))
+        DecodeRequest(crop, prompt, model.proposer(texts), feeds=0, allowance=model.allowance(texts), near_lossless=rule)
         for _, (crop, prompt, texts) in planned
     ]
     packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.picture))

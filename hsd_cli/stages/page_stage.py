@@ -8,8 +8,10 @@ Knows nothing about trees: it hands the picture, the prompt and the draft texts 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from PIL import Image
 
 from hsd_cli.decoding import DecodeResult, DecodeStats, repetition_stop
@@ -17,6 +19,7 @@ from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Reading
 from hsd_cli.stages.dialect import DIALECT_KEYS, split_front_matter
 from hsd_cli.stages.grounding import split_grounding
+from hsd_cli.stages.math_policy import near_lossless_rule
 from hsd_cli.records.totals import BaselineCheck
 
 if TYPE_CHECKING:
@@ -41,12 +44,15 @@ def page_stage(
 ) -> Reading:
     """The page's reading, verifying `drafts` (`upright`: the upright picture's reading where it
     was decoded already, as the packed stage does); where the output's front matter says the page
-    is rotated, the picture turned by the model's correction and read again."""
+    is rotated, the picture turned by the model's correction and read again. Under
+    --near-lossless, every read takes close draft tokens outside math (stages.math_policy), and
+    the reading says so."""
+    rule = near_lossless_rule(model)
 
     def read(turned: Image.Image) -> DecodeResult:
-        return model.decode(turned, model.settings.page_prompt, drafts)
+        return model.decode(turned, model.settings.page_prompt, drafts, near_lossless=rule)
 
-    return upright_read(picture, settings, read, upright)
+    return replace(upright_read(picture, settings, read, upright), near_lossless=rule.tau if rule else None)
 
 
 def plain_page_stage(model: Reader, picture: Image.Image, settings: ModelSettings, drafts: Sequence[str] = ()) -> Reading:
@@ -99,7 +105,8 @@ def baseline_check(model: Reader, picture: Image.Image, read: Reading) -> Baseli
     """The picture the page stage last read (`picture` turned as it was) decoded with
     transformers' own generate (same model, dtype and cache: the baseline a user would otherwise
     run) without hsd's repetition guard, compared token by token with the page stage's output;
-    where the guard stopped hsd's output, as far as it went."""
+    where the guard stopped hsd's output, as far as it went. A near-lossless reading is also
+    counted apart from it in tokens (`changed_tokens`)."""
     config = model.decode_config
     plain = model.generate_plainly(turned(picture, read.rotation), model.settings.page_prompt, config.max_new_tokens)
     tokens = read.result.tokens
@@ -113,4 +120,25 @@ def baseline_check(model: Reader, picture: Image.Image, read: Reading) -> Baseli
     return BaselineCheck(
         identical=divergence is None, first_divergence=divergence, forwards=len(plain),
         guard_stopped_at=len(tokens) if guard_cut else None,
+        changed_tokens=token_edit_distance(compared, tokens) if read.near_lossless is not None else None,
     )
+
+
+def token_edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
+    """The fewest tokens inserted, deleted or replaced to turn `a` into `b` (Levenshtein over
+    token ids). Not the tokens after the first divergence: a near-lossless output that takes one
+    close token and then reads on as plain decoding does differs by one or two, not by the rest.
+    Row by row in numpy: a row's insertions are a running minimum (d[j] = min over k <= j of
+    t[k] + j - k), so a page of thousands of tokens costs milliseconds, not Python's seconds."""
+    if not a or not b:
+        return len(a) + len(b)
+    second = np.asarray(b)
+    steps = np.arange(len(b) + 1)
+    previous = steps.copy()
+    for i, token in enumerate(a, start=1):
+        # Deletion from the row above, or a match or replacement from its diagonal...
+        through = np.minimum(previous[1:] + 1, previous[:-1] + (second != token))
+        current = np.concatenate(([i], through))
+        # ...then insertions along the row.
+        previous = np.minimum.accumulate(current - steps) + steps
+    return int(previous[-1])

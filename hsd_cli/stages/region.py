@@ -17,6 +17,7 @@ from hsd_cli.records.page import Page
 from hsd_cli.records.kinds import Block
 from hsd_cli.stages.dialect import block_drafts, draft_plan
 from hsd_cli.stages.grounding import split_grounding
+from hsd_cli.stages.math_policy import near_lossless_rule
 from hsd_cli.stages.rasterize import crop_block
 from hsd_cli.records.totals import RegionResult
 
@@ -54,10 +55,13 @@ def region_stage(model: Reader, page: Page, regions: Collection[str], settings: 
         return ()
     largest = max((crop for _, (crop, _, _) in planned), key=lambda crop: max(crop.size))
     sizer = model.sizer(largest)  # one per page: its crops' acceptance is learned across batches
+    # Under the rule too: a region's reading only drafts the page, whose text under the rule
+    # depends on its drafts anyway, and it reads faster so.
+    rule = near_lossless_rule(model)
     results: list[DecodeResult] = []
     for start in range(0, len(planned), REGION_BATCH):
         requests = [
-            DecodeRequest(crop, prompt, model.proposer(drafts), allowance=model.allowance(drafts))
+            DecodeRequest(crop, prompt, model.proposer(drafts), allowance=model.allowance(drafts), near_lossless=rule)
             for _, (crop, prompt, drafts) in planned[start : start + REGION_BATCH]
         ]
         results += model.decode_batch(requests, sizer=sizer)

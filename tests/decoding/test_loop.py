@@ -3,6 +3,7 @@ seconds a step spends in its forward and around it."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from hsd_cli.decoding import loop
@@ -10,7 +11,7 @@ from hsd_cli.decoding.hf_target import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, decode_many
 from hsd_cli.decoding.repetition import REPETITION_SPAN, STRUCTURE_MARGIN_UNITS, structure_allowance
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
-from hsd_cli.decoding.verify import SamplingConfig
+from hsd_cli.decoding.verify import NearLossless, SamplingConfig
 
 from .test_exactness import full_forward_all_logits
 
@@ -166,23 +167,31 @@ def test_near_lossless_emits_only_close_tokens_and_keeps_cache_consistent(tiny_t
     reference = greedy_reference(tiny_target, page_image)
     draft, closest_ratio = runner_up_draft(tiny_target, page_image, reference)
     tau = 0.9 * closest_ratio
-    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False, sampling=SamplingConfig(near_lossless_tau=tau))
-    result = decode_batch(tiny_target, [DecodeRequest(page_image, PROMPT, DraftProposer([draft]))], config)[0]
+    rule = NearLossless(tau, lambda output, draft, pick: True)
+    result = decode_batch(tiny_target, [DecodeRequest(page_image, PROMPT, DraftProposer([draft]), near_lossless=rule)], GREEDY)[0]
     probs = teacher_forced_probs(tiny_target, page_image, result.tokens)
     chosen = probs.gather(1, torch.tensor(result.tokens)[:, None])[:, 0]
     # Every token is the argmax or within tau of it, given the prefix actually emitted: so the
     # cache held exactly the emitted tokens.
     assert (chosen >= tau * probs.max(-1).values * (1 - 1e-4)).all()
     assert result.tokens != reference  # the relaxed rule did accept a non-argmax draft token
+    assert result.stats.relaxed == sum(token != pick for token, pick in zip(result.tokens, probs.argmax(-1).tolist()))
 
 
-def test_near_lossless_is_exact_inside_math(tiny_target, page_image):
+def test_near_lossless_is_exact_where_its_policy_says_no(tiny_target, page_image):
     reference = greedy_reference(tiny_target, page_image)
     draft, closest_ratio = runner_up_draft(tiny_target, page_image, reference)
-    sampling = SamplingConfig(near_lossless_tau=0.9 * closest_ratio)
-    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False, sampling=sampling)
-    request = DecodeRequest(page_image, PROMPT, DraftProposer([draft]), inside_math=lambda tokens: True)
-    assert decode_batch(tiny_target, [request], config)[0].tokens == reference
+    rule = NearLossless(0.9 * closest_ratio, lambda output, draft, pick: False)
+    request = DecodeRequest(page_image, PROMPT, DraftProposer([draft]), near_lossless=rule)
+    result = decode_batch(tiny_target, [request], GREEDY)[0]
+    assert result.tokens == reference and result.stats.relaxed == 0
+
+
+def test_near_lossless_refuses_sampling():
+    rule = NearLossless(0.5, lambda output, draft, pick: True)
+    sampling = DecodeConfig(max_new_tokens=4, sampling=SamplingConfig(temperature=1.0))
+    with pytest.raises(ValueError, match="greedy"):
+        decode_batch(ScriptedTarget([[1, 2, 3]]), [DecodeRequest(None, PROMPT, near_lossless=rule)], sampling)
 
 
 class CyclingTarget:

@@ -2,14 +2,16 @@ import torch
 
 from hsd_cli.decoding.tree import TokenTree, batch_trees
 from hsd_cli.decoding.verify import (
+    NearLossless,
     SamplingConfig,
-    accept_path_near_lossless,
+    StepOutcome,
     accept_paths,
     first_tokens,
     greedy_picks,
     keyed_gumbel,
     keyed_sample,
     processed_probs,
+    relax_path,
     sample_tokens,
     verify_trees,
 )
@@ -147,26 +149,48 @@ def near_lossless_logits(second_share: float) -> torch.Tensor:
     return logits
 
 
-def test_near_lossless_accepts_close_draft_tokens_only_outside_math():
+ANYWHERE = NearLossless(0.75, lambda output, draft, pick: True)
+NOWHERE = NearLossless(0.75, lambda output, draft, pick: False)
+
+
+def relaxed_walk(tokens, parents, logits, rule, output=(0,)):
+    """The exact walk of a one-row tree, then the near-lossless walk from it (as the loop does)."""
+    (exact,) = verify_trees(batch_trees([TokenTree(tuple(tokens), tuple(parents))]), logits, [0], [len(output)], SamplingConfig())
+    return relax_path(exact, tokens, parents, logits, list(output), rule)
+
+
+def test_near_lossless_accepts_close_draft_tokens_only_where_the_rule_lets_it():
     tokens, parents = [0, 2], [-1, 0]
-    close = accept_path_near_lossless(tokens, parents, near_lossless_logits(0.8), [0], 0.75, lambda t: False)
-    assert close.path == [0, 1] and close.bonus == 3
-    far = accept_path_near_lossless(tokens, parents, near_lossless_logits(0.5), [0], 0.75, lambda t: False)
-    assert far.path == [0] and far.bonus == 1
-    in_math = accept_path_near_lossless(tokens, parents, near_lossless_logits(0.8), [0], 0.75, lambda t: True)
-    assert in_math.path == [0] and in_math.bonus == 1
+    assert relaxed_walk(tokens, parents, near_lossless_logits(0.8), ANYWHERE) == StepOutcome([0, 1], 3, relaxed=1)
+    assert relaxed_walk(tokens, parents, near_lossless_logits(0.5), ANYWHERE) == StepOutcome([0], 1)
+    assert relaxed_walk(tokens, parents, near_lossless_logits(0.8), NOWHERE) == StepOutcome([0], 1)
 
 
-def test_inside_tex_math():
-    from hsd_cli.decoding.verify import inside_tex_math, math_guard
+def test_the_near_lossless_rule_is_asked_with_the_output_down_to_the_node_and_walks_on_exactly():
+    # Root 0 -> 5 (the pick) -> 2 (close: 0.8 of the pick, token 1) -> 7 (the pick after 2); the
+    # target picks 4 after 7. The rule is asked once, at node 1, about 2 standing for 1.
+    tokens, parents = [0, 5, 2, 7], [-1, 0, 1, 2]
+    logits = torch.full((4, 10), -30.0)
+    logits[0, 5] = logits[2, 7] = logits[3, 4] = 0.0
+    logits[1, 1], logits[1, 2] = 0.0, float(torch.log(torch.tensor(0.8)))
+    asked = []
 
-    assert inside_tex_math("costs $x^2")
-    assert not inside_tex_math("costs $x^2$ and")
-    assert inside_tex_math("see $$\\frac{a}{b}")
-    assert not inside_tex_math("see $$a$$ then")
-    assert not inside_tex_math("price \\$5 only")
-    assert inside_tex_math("where \\(a + b")
-    assert not inside_tex_math("where \\(a\\) holds")
-    assert inside_tex_math("\\[ x")
-    guard = math_guard(lambda tokens: "".join(chr(t) for t in tokens))
-    assert guard([ord(c) for c in "a $b"]) and not guard([ord(c) for c in "a $b$"])
+    def may_relax(output, draft, pick):
+        asked.append((list(output), draft, pick))
+        return True
+
+    outcome = relaxed_walk(tokens, parents, logits, NearLossless(0.75, may_relax), output=(3, 0))
+    assert outcome == StepOutcome([0, 1, 2, 3], 4, relaxed=1)
+    assert asked == [([3, 0, 5], 2, 1)]
+
+
+def test_near_lossless_takes_the_closest_child_the_rule_allows():
+    # Two draft children of the root, 0.9 and 0.8 of the pick: the closer is refused, the other taken.
+    tokens, parents = [0, 2, 3], [-1, 0, 0]
+    logits = torch.full((3, 6), -30.0)
+    logits[0, 1] = 0.0
+    logits[0, 2], logits[0, 3] = float(torch.log(torch.tensor(0.9))), float(torch.log(torch.tensor(0.8)))
+    logits[2, 5] = 0.0
+    not_two = NearLossless(0.75, lambda output, draft, pick: draft != 2)
+    assert relaxed_walk(tokens, parents, logits, not_two) == StepOutcome([0, 2], 5, relaxed=1)
+    assert relaxed_walk(tokens, parents, logits, ANYWHERE).path == [0, 1]
