@@ -18,8 +18,9 @@ RENDERERS = ("pymupdf", "pdftoppm", "pypdfium2")
 # How the render scale is chosen (sizes.render_size gives the pixels for each):
 # longest_side: the longest side is `longest_side_px` (olmOCR: pdftoppm -r target*72/longest);
 # dpi: `dpi`, lowered so that width * height <= `max_pixels` when that is set (hsd's rule);
-# dpi_min_side: `dpi`, raised so the shortest side is at least `min_side_px` (Chandra).
-SIZE_RULES = ("longest_side", "dpi", "dpi_min_side")
+# dpi_min_side: `dpi`, raised so the shortest side is at least `min_side_px` (Chandra);
+# dpi_max_side: `dpi`, lowered so the longest side is at most `longest_side_px` (GLM-OCR).
+SIZE_RULES = ("longest_side", "dpi", "dpi_min_side", "dpi_max_side")
 # Who picks the prompt's page text: olmOCR-0225's "pdfreport" anchor (olmocr.prompts.anchor).
 ANCHOR_ENGINES = ("olmocr_pdfreport",)
 # When the makers read a page again (RetryPolicy.retry_when):
@@ -140,7 +141,8 @@ NO_RETRY = RetryPolicy(max_attempts=1, temperatures=(0.0,))
 class Output:
     postprocess: str  # a name in postprocess.POSTPROCESSORS
     fallback: str  # one of FALLBACKS
-    page_join: str  # put between the pages' texts in the document
+    page_join: str  # after each page's text but the document's last (postprocess.join_pages)
+    page_end: str = ""  # after every page's text
 
 
 @dataclass(frozen=True)

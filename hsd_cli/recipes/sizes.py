@@ -58,6 +58,9 @@ def render_size(render: Render, size_pt: tuple[float, float]) -> tuple[int, int]
         return pdftoppm_side(size_pt[0], dpi), pdftoppm_side(size_pt[1], dpi)
     if render.rule == "dpi_min_side":
         scale = chandra_render_dpi(size_pt, render.dpi, render.min_side_px) / POINTS_PER_INCH
+    elif render.rule == "dpi_max_side":
+        # glmocr.utils.image_utils._render_page_to_pil: the cap is on the longest side.
+        scale = min(render.dpi / POINTS_PER_INCH, render.longest_side_px / max(size_pt))
     elif render.rule == "dpi":
         scale = hsd_render_scale(size_pt, render.dpi, render.max_pixels)
     else:
