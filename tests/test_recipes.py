@@ -25,6 +25,7 @@ from hsd_cli.recipes.sizes import (
     chandra_scale_to_fit,
     hsd_render_scale,
     image_tokens,
+    pdf_box_size,
     processor_input,
     render_size,
 )
@@ -78,6 +79,9 @@ def test_pdftoppm_sizes_where_floats_tip_the_ceil():
     assert render_size(olmocr, (720.0, 540.0)) == (1289, 966)
     assert render_size(olmocr, (595.276, 841.89001)) == (911, 1289)
     assert render_size(recipe_for("olmocr-0225").render, LETTER) == (792, 1024)
+    # The box as the file writes it, in doubles: PyMuPDF's float32 rect cannot tell these apart.
+    assert render_size(olmocr, pdf_box_size("[0 0 595.276 841.89]")) == (911, 1288)
+    assert render_size(olmocr, pdf_box_size("[0 0 595.276 841.89001]")) == (911, 1289)
 
 
 @pytest.mark.parametrize("size_pt", [LETTER, (595.276, 841.89), (180.0, 300.0), (1836.75, 2267.25)])

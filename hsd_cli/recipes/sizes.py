@@ -19,6 +19,15 @@ def pdftoppm_side(side_pt: float, dpi: float) -> int:
     return math.ceil(side_pt * dpi / POINTS_PER_INCH)
 
 
+def pdf_box_size(box: str) -> tuple[float, float]:
+    """(width, height) in points of a PDF rectangle as the file writes it ("[0 0 595.276
+    841.89001]", PyMuPDF's Document.xref_get_key(page.xref, "MediaBox")), in doubles as poppler
+    reads it. PyMuPDF's own rects are single precision, which can tip pdftoppm's ceil: 841.89 and
+    841.89001 are the same float32 and render 1288 and 1289 pixels high."""
+    x0, y0, x1, y1 = (float(value) for value in box.strip("[] ").split())
+    return abs(x1 - x0), abs(y1 - y0)
+
+
 def pdftoppm_longest_side_dpi(size_pt: tuple[float, float], longest_side_px: int) -> float:
     """The `-r` olmOCR passes pdftoppm (olmocr.data.renderpdf.render_pdf_to_base64png): the
     resolution at which the MediaBox's longest side is `longest_side_px`, the MediaBox as
