@@ -21,9 +21,10 @@ def pdftoppm_side(side_pt: float, dpi: float) -> int:
 
 def pdf_box_size(box: str) -> tuple[float, float]:
     """(width, height) in points of a PDF rectangle as the file writes it ("[0 0 595.276
-    841.89001]", PyMuPDF's Document.xref_get_key(page.xref, "MediaBox")), in doubles as poppler
-    reads it. PyMuPDF's own rects are single precision, which can tip pdftoppm's ceil: 841.89 and
-    841.89001 are the same float32 and render 1288 and 1289 pixels high."""
+    841.89001]"), in doubles as poppler reads it. MuPDF keeps PDF numbers in single precision,
+    which can tip pdftoppm's ceil: 841.89 and 841.89001 are the same float32 and render 1288 and
+    1289 pixels high. PyMuPDF's Document.xref_get_key(page.xref, "MediaBox") prints the float32
+    in short form (841.89001 -> "841.89"): exact for boxes written with up to ~7 digits."""
     x0, y0, x1, y1 = (float(value) for value in box.strip("[] ").split())
     return abs(x1 - x0), abs(y1 - y0)
 
