@@ -5,6 +5,7 @@ import typer
 from .acceptance import acceptance
 from .decode import decode
 from .pipeline_arms import pipeline
+from .prompt_tokens import prompt_tokens
 from .repetition import repetition
 from .throughput import throughput
 
@@ -19,5 +20,6 @@ def bench() -> None:
 bench_app.command("decode")(decode)
 bench_app.command("acceptance")(acceptance)
 bench_app.command("pipeline")(pipeline)
+bench_app.command("prompt-tokens")(prompt_tokens)
 bench_app.command("repetition")(repetition)
 bench_app.command("throughput")(throughput)
