@@ -23,6 +23,7 @@ from hsd_cli import __version__
 from hsd_cli.bench import bench_app
 from hsd_cli.eval import eval_app
 from hsd_cli.profiles.command import profile as profile_command
+from hsd_cli.recipes.command import models
 from hsd_cli.replay import replay_app
 from hsd_cli.config import ConvertConfig, DraftBackendName, Executor, ImageMode, RunConfig, Sizing, Stages, UsageError
 from hsd_cli.user_settings import describe_sources, load_config_callback
@@ -39,6 +40,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
 app.add_typer(eval_app, name="eval")
 app.add_typer(replay_app, name="replay-model")
+app.command("models")(models)
 
 
 @app.command("profile")
@@ -155,6 +157,13 @@ def convert(
             help="Near-lossless decoding (off by default): also accept a draft token whose probability is at least TAU (0 < TAU <= 1) times the model's top token's, never inside math; the output may then differ from plain decoding's, and each page says so.",
         ),
     ] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME", envvar=_env("recipe"),
+            help="Read pages as the model's makers do: the recipe NAME (`hsd models --recipes` lists them; default: the makers' recipe of a known model id, else the family's default).",
+        ),
+    ] = None,
     profile: Annotated[
         str | None,
         typer.Option(envvar=_env("profile"), help="Cost profile (a name `hsd profile` stored, or a JSON file) that --stages auto plans each page with (default: the stored profile of this model, device and dtype, if there is one; else a fixed rule)."),
@@ -249,6 +258,7 @@ def convert(
             baseline=baseline,
             profile=profile,
             near_lossless=near_lossless,
+            recipe=recipe,
         )
         run_config = RunConfig(
             overwrite=overwrite,
@@ -294,7 +304,7 @@ def convert(
             raise typer.Exit(ExitCode.ENVIRONMENT)
         from hsd_cli.decoding.hf_target.families import UnsupportedFamilyError
         from hsd_cli.replay.reader import reader_wrapper  # a benchmark stand-in flags the pages it was not built on
-        from hsd_cli.serving.resolve import ModelUnavailableError, resolve_model
+        from hsd_cli.serving.resolve import ModelUnavailableError, RecipeError, resolve_model
         from hsd_cli.settings_files import SettingsFileError
 
         try:
@@ -305,11 +315,13 @@ def convert(
         except UnsupportedFamilyError as exc:
             hint = "`hsd models` lists the families hsd serves, and those it refuses with the reason"
             raise usage(str(exc), hint) from None
+        except RecipeError as exc:
+            raise usage(str(exc)) from None
         except SettingsFileError as exc:
             reporter.error(str(exc), "fix or remove it; `hsd models` shows which settings file each family uses")
             raise typer.Exit(ExitCode.USAGE) from None
         if not quiet:
-            console.print(f"VLM: {model} ({model_config.family}), stages {stages.value}", highlight=False)
+            console.print(f"VLM: {model} ({model_config.family}, recipe {model_config.recipe}), stages {stages.value}", highlight=False)
 
     try:
         event_stream = sys.stdout if events == "-" else open(events, "a", encoding="utf-8") if events else None
@@ -336,71 +348,6 @@ def convert(
     if json:
         sys.stdout.write(json_lib.dumps(summary, ensure_ascii=False) + "\n")
     raise typer.Exit(code)
-
-
-@app.command()
-def models(
-    json: Annotated[bool, typer.Option("--json", help="Print the list as JSON on stdout.")] = False,
-) -> None:
-    """List the model families hsd has settings for, their known models and whether each is present, and the
-    families hsd refuses with the reason."""
-    from hsd_cli.decoding.hf_target.families import REFUSED
-    from hsd_cli.models.family_settings import (
-        PACKAGED_DIR,
-        locate_model,
-        read_settings,
-        settings_files,
-        user_dir,
-    )
-    from hsd_cli.batch.reporting import Reporter
-    from hsd_cli.batch.runner import ExitCode
-    from hsd_cli.settings_files import SettingsFileError
-
-    families = []
-    try:
-        for source in settings_files().values():
-            settings = read_settings(source)
-            families.append({
-                "family": settings.family,
-                "description": settings.description,
-                "settings": str(source.path),
-                "settings_from": "user" if source.user else "packaged",
-                "models": [{"id": model_id, "path": locate_model(model_id)} for model_id in settings.known_ids],
-            })
-    except SettingsFileError as exc:
-        hint = f"fix or remove it; the packaged files in {PACKAGED_DIR} show every key"
-        Reporter(Console(stderr=True)).error(str(exc), hint)
-        raise typer.Exit(ExitCode.USAGE) from None
-    where = {
-        "packaged_settings": str(PACKAGED_DIR),
-        "user_settings": str(user_dir()),
-        "hf_home": os.environ.get("HF_HOME", "~/.cache/huggingface"),
-        "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0"),
-    }
-    refused = [{"family": model_type, "reason": reason} for model_type, reason in sorted(REFUSED.items())]
-    if json:
-        sys.stdout.write(json_lib.dumps({"families": families, "refused": refused, "looked_in": where}) + "\n")
-        return
-    table = Table(title="VLM families (local directories work for any of them: --model DIR)", title_justify="left")
-    for column in ("family", "settings", "model", "present"):
-        table.add_column(column)
-    for family in families:
-        rows = family["models"] or [{"id": "(any local directory)", "path": None}]
-        for row in rows:
-            table.add_row(family["family"], family["settings_from"], row["id"], row["path"] or "no")
-    refusals = Table(title="Refused families (not decoded losslessly by hsd)", title_justify="left")
-    for column in ("family", "reason"):
-        refusals.add_column(column)
-    for family in refused:
-        refusals.add_row(family["family"], family["reason"])
-    console = Console()
-    console.print(table)
-    console.print(refusals)
-    console.print(
-        f"settings packaged in {where['packaged_settings']}; user settings in {where['user_settings']}"
-        f" (a file there replaces the packaged one of the same name). HF cache under {where['hf_home']}",
-        highlight=False,
-    )
 
 
 @config_app.command(

@@ -82,6 +82,7 @@ class ConvertConfig:
     # --near-lossless TAU: also accept a draft token within TAU of the model's own (never in math);
     # None: lossless, the output is plain decoding's.
     near_lossless: float | None = None
+    recipe: str | None = None  # None: the makers' recipe of a known model id, else the family's default
 
     def __post_init__(self) -> None:
         if self.stages in (Stages.PAGE, Stages.REGION_PAGE, Stages.PACKED) and self.model is None:
@@ -98,6 +99,8 @@ class ConvertConfig:
             raise UsageError(f"--near-lossless must be within (0, 1], got {self.near_lossless:g}")
         if self.near_lossless is not None and self.model is None:
             raise UsageError("--near-lossless needs a VLM: give --model ID|DIR")
+        if self.recipe is not None and self.model is None:
+            raise UsageError("--recipe needs a VLM: give --model ID|DIR")
         if self.pages is not None:
             parse_page_ranges(self.pages)  # validate early: a typo is a usage error, not N failures
 
@@ -141,6 +144,9 @@ class ModelConfig:
     baseline: bool  # also decode plainly, to measure the speedup
     profile: str | None  # the cost profile plans and tree sizes are priced on; None: there is none
     near_lossless: float | None = None  # --near-lossless TAU; None: lossless
+    # The recipe's name (hsd_cli.recipes): how the model's makers feed it and read its answer;
+    # "": the family's default, hsd's own way with the family.
+    recipe: str = ""
     # "module:callable" that wraps the model's reader (a benchmark stand-in flags the pages it was
     # not built on); the worker imports it by name, so the product never imports the stand-ins.
     reader_wrapper: str | None = None

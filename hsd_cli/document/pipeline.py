@@ -18,12 +18,12 @@ from hsd_cli.document.checkpoints import checkpoint_path, load_checkpoint, save_
 from hsd_cli.document.drafting import DraftsAhead, draft_stage, drafts_ahead, release_freed_memory
 from hsd_cli.document.faults import PageError, debug_fault, with_retries
 from hsd_cli.records.kinds import DocStatus, PageFlag
-from hsd_cli.records.page import DocumentResult, Page, Plan, Reading, Way
+from hsd_cli.records.page import DocumentResult, ModelInput, Page, Plan, Reading, Way
 from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, make_draft_backend
 from hsd_cli.stages.outcome import LOST_PAGE_WHY, TIMED_OUT_WHY, draft_standing_in, failed_page, model_reading
 from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, picture_side, plan_page
-from hsd_cli.stages.rasterize import DocumentError, open_document
+from hsd_cli.stages.rasterize import DocumentError, open_document, render_for_model
 
 if TYPE_CHECKING:
     from hsd_cli.serving.reader import Reader
@@ -89,7 +89,7 @@ def read_stage(page: Page, model: Reader, so_far: DocumentSoFar) -> Reading | No
         case Way.DRAFT:
             return None
         case Way.PLAIN:
-            reading = plain_page_stage(model, page.picture, settings, page_drafts(page.blocks, settings, page_size=page.size_pt))
+            reading = plain_page_stage(model, page.model_view, settings, page_drafts(page.blocks, settings, page_size=page.size_pt))
         case Way.PACKED:
             # Region passes run inside the page stage's forwards: their seconds are the page's.
             reading = packed_stage(model, page, plan.regions, settings)
@@ -97,7 +97,7 @@ def read_stage(page: Page, model: Reader, so_far: DocumentSoFar) -> Reading | No
             regions = region_stage(model, page, plan.regions, settings)
             regions_done = time.perf_counter()
             region_texts = {region.block_id: region.text for region in regions if region.text is not None}
-            reading = page_stage(model, page.picture, page_drafts(page.blocks, settings, region_texts, page.size_pt), settings)
+            reading = page_stage(model, page.model_view, page_drafts(page.blocks, settings, region_texts, page.size_pt), settings)
             # Drafting without region passes is bookkeeping, not a region stage: no region seconds.
             region_s = regions_done - started if regions else 0.0
             return replace(reading, regions=regions, region_s=region_s, page_s=time.perf_counter() - regions_done)
@@ -132,8 +132,10 @@ def vlm_stage(
     reading = replace(reading, page_s=reading.page_s + planned_s)
     if baseline:
         baseline_started = time.perf_counter()
-        baseline = baseline_check(model, page.picture, reading)
+        baseline = baseline_check(model, page.model_view, reading)
         reading = replace(reading, baseline=baseline, baseline_page_s=time.perf_counter() - baseline_started)
+    tokens = model.prompt_tokens(page.model_view, model.settings.page_prompt)
+    reading = replace(reading, model_input=ModelInput(model.recipe_name, page.model_view.size, tokens))
     return model_reading(page, reading, model.decode_config.max_new_tokens, model.page_note(page.picture))
 
 
@@ -162,7 +164,8 @@ def _convert_page(
 
     def decoded() -> Page:
         debug_fault(task.doc, page_no, "vlm")
-        return vlm_stage(page, vlm, config.document.stages, so_far, timeout, deadline, config.model.baseline)
+        seen = page if vlm.picture_render is None else replace(page, model_picture=render_for_model(pdf_page, vlm.picture_render))
+        return vlm_stage(seen, vlm, config.document.stages, so_far, timeout, deadline, config.model.baseline)
 
     page, error = with_retries(drafted)
     if page is None:

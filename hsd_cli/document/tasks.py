@@ -14,6 +14,7 @@ from pathlib import Path
 from hsd_cli.config import DocumentConfig, ResolvedConfig, Stages
 from hsd_cli.document.inputs import InputDocument, OutputPaths
 from hsd_cli.output.json_doc import SCHEMA_VERSION
+from hsd_cli.recipes.registry import FAMILY_DEFAULT_PREFIX
 from hsd_cli.records.kinds import DocStatus
 from hsd_cli.records.totals import DecodingTotals
 
@@ -65,8 +66,13 @@ def file_sha256(path: Path) -> str:
 
 
 # Options added since outputs were first hashed whose unset value is the behaviour before them:
-# recorded (and hashed) only when set, so that a run without them keeps its bytes and resumes.
-RECORDED_WHEN_SET_FIELDS = ("near_lossless",)
+# recorded (and hashed) only when set, so that a run without them keeps its bytes and resumes. A
+# recipe is set where it is a makers' one: a family's default is hsd's way before recipes.
+RECORDED_WHEN_SET_FIELDS = ("near_lossless", "recipe")
+
+
+def _set(key: str, value: object) -> bool:
+    return value is not None and not (key == "recipe" and (not value or value.startswith(FAMILY_DEFAULT_PREFIX)))
 
 
 def page_timeout_matters(config: ResolvedConfig) -> bool:
@@ -82,6 +88,8 @@ def page_timeout_matters(config: ResolvedConfig) -> bool:
 OUTPUT_NEUTRAL_FIELDS = frozenset({"output_dir", "recursive", "password", "trust_remote_code"})
 _DOCUMENT_FIELDS = tuple(f.name for f in fields(DocumentConfig) if f.name not in OUTPUT_NEUTRAL_FIELDS)
 _MODEL_FIELDS = ("model", "device", "dtype", "max_new_tokens", "baseline", "profile")
+# The model options of a run no model reads: nothing read, nothing compared.
+_NO_MODEL = {"model": None, "device": None, "dtype": None, "max_new_tokens": None, "baseline": False, "profile": None}
 
 
 def output_config(config: ResolvedConfig) -> dict[str, object]:
@@ -91,8 +99,8 @@ def output_config(config: ResolvedConfig) -> dict[str, object]:
         return value if value is None or isinstance(value, (bool, int, float)) else str(value)
 
     document = {key: plain(getattr(config.document, key)) for key in _DOCUMENT_FIELDS}
-    model = {key: plain(getattr(config.model, key)) if config.model else None for key in _MODEL_FIELDS}
-    when_set = {key: plain(value) for key in RECORDED_WHEN_SET_FIELDS if (value := getattr(config.model, key, None)) is not None}
+    model = {key: plain(getattr(config.model, key)) for key in _MODEL_FIELDS} if config.model else _NO_MODEL
+    when_set = {key: plain(value) for key in RECORDED_WHEN_SET_FIELDS if _set(key, value := getattr(config.model, key, None))}
     timeout = {"page_timeout": config.schedule.page_timeout} if page_timeout_matters(config) else {}
     return document | model | when_set | timeout
 

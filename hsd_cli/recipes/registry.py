@@ -5,7 +5,7 @@ options have it today) for a local directory or a model no maker's recipe covers
 from __future__ import annotations
 
 from hsd_cli.config import ConvertConfig
-from hsd_cli.models.family_settings import ModelSettings, all_settings
+from hsd_cli.models.family_settings import ModelSettings, all_settings, settings_for
 from hsd_cli.recipes.known import KNOWN_RECIPES
 from hsd_cli.recipes.recipe import NO_RETRY, Decoding, Output, Prompt, Recipe, Render
 
@@ -54,3 +54,23 @@ def recipe_for(model_id_or_name: str) -> Recipe | None:
         if wanted in (model_id.casefold() for model_id in recipe.model_ids):
             return recipe
     return None
+
+
+def recipe_to_read(model_id: str, settings: ModelSettings) -> Recipe:
+    """The recipe a model of this family reads by unless one is named: its makers' for a known
+    id, where hsd can read it (a prompt with the page's text layer, olmOCR-0225's anchor, cannot be
+    yet), else the family's default."""
+    found = recipe_for(model_id)
+    if found is not None and found.family == settings.family and found.prompt.anchor is None:
+        return found
+    return family_default(settings)
+
+
+def recipe_named(name: str, family: str) -> Recipe:
+    """The recipe a resolved ModelConfig names ("": the family's default)."""
+    return recipes()[name] if name else family_default(settings_for(family))
+
+
+def is_family_default(recipe: Recipe) -> bool:
+    """Whether the recipe is a family's default: hsd's own way, the draft's rendering included."""
+    return recipe.name.startswith(FAMILY_DEFAULT_PREFIX)

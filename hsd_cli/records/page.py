@@ -55,6 +55,18 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class ModelInput:
+    """What the model read of a page, as its recipe built it."""
+
+    recipe: str
+    image_px: tuple[int, int]  # (width, height) of the picture handed to the processor
+    prompt_tokens: int  # the prompt's tokens, the image's included
+
+    def as_json(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "image_px": list(self.image_px), "prompt_tokens": self.prompt_tokens}
+
+
+@dataclass(frozen=True)
 class Reading:
     """What the model's stages did on a page: the region passes, then the page stage's reading
     (the last one, where the front matter had the page turned and read again)."""
@@ -72,6 +84,7 @@ class Reading:
     baseline_page_s: float | None = None
     grounding: Grounding | None = None  # the layout the output's grounding tags gave, where it has them
     near_lossless: float | None = None  # --near-lossless's TAU where the page stage read with it (None: lossless)
+    model_input: ModelInput | None = None  # what the model read: the recipe, the picture's size, the prompt's tokens
 
     @property
     def reads(self) -> int:
@@ -108,6 +121,9 @@ class Page:
     page_no: int  # 1-based
     size_pt: tuple[float, float]
     picture: Image.Image | None = None  # the rendering; dropped once the page is done
+    # The page as the model's makers render it for the model, where that differs from `picture`
+    # (the draft's rendering); dropped with it.
+    model_picture: Image.Image | None = None
     scale: float = 1.0  # pixels per PDF point
     blocks: tuple[Block, ...] = ()  # the draft, in reading order
     backend: str = "none"  # the draft backend that ran (auto resolves to pdf-text or ocr)
@@ -122,7 +138,12 @@ class Page:
 
     def without_picture(self) -> Page:
         """What a checkpoint and the finished document keep: the rendering is megabytes a page."""
-        return replace(self, picture=None)
+        return replace(self, picture=None, model_picture=None)
+
+    @property
+    def model_view(self) -> Image.Image | None:
+        """The picture the model reads the whole page from."""
+        return self.picture if self.model_picture is None else self.model_picture
 
     def without_figures(self) -> Page:
         """What a document holds of a page checkpointed with its figures until it is written (their

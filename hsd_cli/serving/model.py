@@ -18,9 +18,12 @@ from hsd_cli.decoding import (
     DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result,
     NearLossless, draft_allowance, load_target, make_proposer,
 )
+from hsd_cli.decoding.hf_target.families import ChatLayout
 from hsd_cli.decoding.proposer import Proposer
 from hsd_cli.models.family_settings import ModelSettings, settings_for
 from hsd_cli.profiles import load_profile, square_side
+from hsd_cli.recipes.messages import image_first
+from hsd_cli.recipes.registry import is_family_default, recipe_named
 from hsd_cli.records.kinds import ReaderNote
 from hsd_cli.decoding.repetition import NO_ALLOWANCE, RepetitionAllowance
 from hsd_cli.serving.pipeline_lock import released, waited_s
@@ -36,10 +39,16 @@ class VlmModel:
 
     def __init__(self, config: ModelConfig, rows: int = 1, sizing: Sizing = Sizing.PAGE) -> None:
         self.config = config
+        self.recipe = recipe_named(config.recipe, config.family)
+        prompt = self.recipe.prompt
         self.target = load_target(
-            config.model, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code
+            config.model, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code,
+            layout=ChatLayout(image_first=image_first(prompt), system=prompt.system),
         )
-        self.settings: ModelSettings = settings_for(self.target.model_type)
+        self.recipe_name = self.recipe.name
+        self.picture_render = None if is_family_default(self.recipe) else self.recipe.render
+        # The recipe's page prompt (the family's own where the recipe is the family's default).
+        self.settings: ModelSettings = replace(settings_for(self.target.model_type), page_prompt=prompt.text)
         self.decode_config = DecodeConfig(max_new_tokens=config.max_new_tokens)
         self.near_lossless = config.near_lossless
         self.profile = load_profile(config.profile) if config.profile else None
@@ -55,6 +64,9 @@ class VlmModel:
 
     def decode_text(self, tokens: Sequence[int]) -> str:
         return self.target.decode(list(tokens))
+
+    def prompt_tokens(self, picture: Image.Image, prompt: str) -> int:
+        return self.target.prompt_tokens(picture, prompt)
 
     def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
         return make_proposer(self.target, drafts, self.settings.draft_match, growing=growing)

@@ -4,7 +4,16 @@ dtype, token budget, cost profile) is decided here, so that the workers only rea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hsd_cli.config import ConvertConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from hsd_cli.recipes.recipe import Recipe
+
+
+class RecipeError(ValueError):
+    """A recipe that does not exist or does not fit the model (exit code 2)."""
 
 
 class ModelUnavailableError(RuntimeError):
@@ -64,10 +73,31 @@ def _profile(named: str | None, model: str, device: str, dtype: str) -> str | No
     return stored
 
 
+def _recipe(named: str | None, model: str, family: str) -> Recipe:
+    """The recipe named by --recipe (it must be of the model's family), else the makers' recipe of
+    the model's hub id, else the family's default. A makers' recipe whose prompt takes the page's
+    text layer (olmOCR-0225's anchor) cannot be read yet: named, it is refused; found by the
+    model's id, the family's default stands in."""
+    from hsd_cli.models.family_settings import settings_for
+    from hsd_cli.recipes.registry import recipe_to_read, recipes
+
+    if named is not None:
+        recipe = recipes().get(named)
+        if recipe is None:
+            raise RecipeError(f"no recipe {named!r}; `hsd models --recipes` lists them")
+        if recipe.family != family:
+            raise RecipeError(f"recipe {named!r} is for {recipe.family} models, and {model!r} is {family}")
+        if recipe.prompt.anchor is not None:
+            raise RecipeError(f"recipe {named!r}: a prompt with the page's text layer is not supported yet")
+        return recipe
+    return recipe_to_read(model, settings_for(family))
+
+
 def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> ModelConfig | None:
     """The model options of `config` complete (None where no model reads the pages). Raises
-    ModelUnavailableError, UnsupportedFamilyError or SettingsFileError (a family settings file
-    that cannot be used) here, once, rather than failing every document in the workers."""
+    ModelUnavailableError, UnsupportedFamilyError, RecipeError or SettingsFileError (a family
+    settings file that cannot be used) here, once, rather than failing every document in the
+    workers."""
     if not config.runs_model:
         return None
     from hsd_cli.decoding import UnsupportedTransformersError, check_cache_layout
@@ -81,12 +111,13 @@ def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> M
     if config.device:
         _check_device(config.device)
     family = _family(config.model)
-    settings = settings_for(family)
+    settings_for(family)  # a family settings file that cannot be used raises SettingsFileError here
+    recipe = _recipe(config.recipe, config.model, family)
     device = config.device or default_device()
     dtype = config.dtype or default_dtype(device)
     return ModelConfig(
         model=config.model, family=family, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code,
-        max_new_tokens=config.max_new_tokens or settings.max_new_tokens, baseline=config.baseline,
+        max_new_tokens=config.max_new_tokens or recipe.decoding.max_new_tokens, baseline=config.baseline, recipe=recipe.name,
         profile=_profile(config.profile, config.model, device, dtype), near_lossless=config.near_lossless,
         reader_wrapper=reader_wrapper,
     )

@@ -37,17 +37,17 @@ def packed_stage(model: Reader, page: Page, regions: Collection[str], settings: 
     # The region outputs that join the page row's drafts come too late for its guard's allowance.
     rule = near_lossless_rule(model)
     page_row = DecodeRequest(
-        page.picture, model.settings.page_prompt, model.proposer(drafts, growing=True), allowance=model.allowance(drafts),
+        page.model_view, model.settings.page_prompt, model.proposer(drafts, growing=True), allowance=model.allowance(drafts),
         near_lossless=rule,
     )
     region_rows = [
         DecodeRequest(crop, prompt, model.proposer(texts), feeds=0, allowance=model.allowance(texts), near_lossless=rule)
         for _, (crop, prompt, texts) in planned
     ]
-    packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.picture))
+    packed, *region_results = model.decode_batch([page_row, *region_rows], separate_prefill=True, sizer=model.sizer(page.model_view))
     results = tuple(region_result(block, result, settings) for (block, _), result in zip(planned, region_results, strict=True))
     # A page read again because its front matter says it is rotated (rare) is read as the page
     # stage reads it, with the region outputs in place of their blocks' drafts.
     texts = {region.block_id: region.text for region in results if region.text is not None}
     drafts = page_drafts(page.blocks, settings, texts, page.size_pt)
-    return replace(page_stage(model, page.picture, drafts, settings, upright=packed), regions=results)
+    return replace(page_stage(model, page.model_view, drafts, settings, upright=packed), regions=results)

@@ -188,8 +188,8 @@ def plan_page(
 
 
 def picture_side(page: Page) -> int:
-    """The `square_side` of the page's picture: what its prefill is priced by."""
-    return square_side(*page.picture.size)
+    """The `square_side` of the picture the model reads the page from: what its prefill is priced by."""
+    return square_side(*page.model_view.size)
 
 
 def crop_side(page: Page, block: Block, region_padding_px: int) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import math
 import time
 import warnings
 from collections.abc import Iterator
@@ -13,6 +12,9 @@ from pathlib import Path
 import pymupdf
 from PIL import Image, ImageFile, ImageSequence, UnidentifiedImageError
 
+from hsd_cli.recipes.recipe import Render
+from hsd_cli.recipes.sizes import hsd_render_scale as render_scale
+from hsd_cli.recipes.sizes import pdf_box_size, render_size
 from hsd_cli.records.page import Page
 from hsd_cli.records.kinds import DocStatus
 
@@ -137,16 +139,6 @@ def open_document(path: Path, kind: str | None, password: str | None) -> tuple[p
     return doc, None
 
 
-def render_scale(size_pt: tuple[float, float], dpi: int, max_pixels: int) -> float:
-    """Points-to-pixels scale for `dpi`, lowered so width * height <= max_pixels."""
-    scale = dpi / 72.0
-    width, height = size_pt
-    pixels = width * scale * height * scale
-    if pixels > max_pixels:
-        scale *= math.sqrt(max_pixels / pixels)
-    return scale
-
-
 def render_page(page: pymupdf.Page, dpi: int, max_pixels: int) -> Page:
     """The page record's first slots: its number, size and picture."""
     started = time.perf_counter()
@@ -158,6 +150,28 @@ def render_page(page: pymupdf.Page, dpi: int, max_pixels: int) -> Page:
         page_no=page.number + 1, size_pt=size_pt, picture=picture, scale=scale,
         timings={"render_s": time.perf_counter() - started},
     )
+
+
+def _displayed_size_pt(page: pymupdf.Page) -> tuple[float, float]:
+    """The page's size as it is shown, from its MediaBox as the file writes it (in doubles, as
+    poppler reads it: recipes.sizes.pdf_box_size), turned by its /Rotate; an image's own size."""
+    try:
+        width, height = pdf_box_size(page.parent.xref_get_key(page.xref, "MediaBox")[1])
+    except (ValueError, RuntimeError, AttributeError):
+        return page.rect.width, page.rect.height
+    return (height, width) if page.rotation % 180 else (width, height)
+
+
+def render_for_model(page: pymupdf.Page, render: Render) -> Image.Image:
+    """The page as its model's makers render it, at the size their rule gives
+    (recipes.sizes.render_size), drawn by PyMuPDF: their renderer's own pixels would differ a
+    little, at the same size (docs/recipes.md)."""
+    width, height = render_size(render, _displayed_size_pt(page))
+    matrix = pymupdf.Matrix(width / page.rect.width, height / page.rect.height)
+    pixmap = page.get_pixmap(matrix=matrix, alpha=False)
+    picture = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples)
+    # PyMuPDF rounds the scaled page outward: at most a pixel off, which the makers' rule fixes.
+    return picture if picture.size == (width, height) else picture.resize((width, height), Image.Resampling.LANCZOS)
 
 
 def crop_box(page: Page, bbox: tuple[float, float, float, float], pad: int) -> tuple[int, int, int, int] | None:

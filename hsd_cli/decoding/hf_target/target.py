@@ -15,7 +15,7 @@ from PIL import Image
 
 from .cache import BatchState, check_cache_layout, join_rows, keep_nodes, keep_rows
 from .devices import DTYPES, default_device, default_dtype
-from .families import FamilyAdapter, adapter_for
+from .families import IMAGE_FIRST, ChatLayout, FamilyAdapter, adapter_for
 from ..repetition import NO_ALLOWANCE, RepetitionAllowance
 from .generate import generate_plainly
 
@@ -23,9 +23,10 @@ from .generate import generate_plainly
 class HFTarget:
     """A transformers image-text-to-text model seen as a tree-verification target."""
 
-    def __init__(self, model, processor, adapter: FamilyAdapter):
+    def __init__(self, model, processor, adapter: FamilyAdapter, layout: ChatLayout = IMAGE_FIRST):
         self.model = model
         self.processor = processor
+        self.layout = layout  # the chat turns as the model's makers lay them out
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.adapter = adapter
         self.model_type: str = model.config.model_type
@@ -67,9 +68,14 @@ class HFTarget:
         special = {i for i, token in self.tokenizer.added_tokens_decoder.items() if token.special}
         return (special | set(self.tokenizer.all_special_ids)) - kept
 
+    def prompt_tokens(self, image: Image.Image | None, prompt: str) -> int:
+        """The tokens of the prompt the model reads for (image, prompt), image tokens included."""
+        batch = self.adapter.processor_inputs(self.processor, [image], [prompt], self.layout)
+        return int(batch["input_ids"].shape[-1])
+
     def inputs(self, images: Sequence[Image.Image | None], prompts: Sequence[str]) -> dict:
         """Processor inputs for a batch (left padding so every row's next token is at the end)."""
-        batch = self.adapter.processor_inputs(self.processor, images, prompts)
+        batch = self.adapter.processor_inputs(self.processor, images, prompts, self.layout)
         # Floating-point inputs (pixel values) in the model's dtype, as BatchFeature.to(device, dtype)
         # casts them: some vision towers (GOT-OCR 2.0's) do not cast them themselves.
         return {k: self._on_device(v) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -209,6 +215,7 @@ def load_target(
     dtype: str | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    layout: ChatLayout = IMAGE_FIRST,
 ) -> HFTarget:
     """Load a model by hub id or local directory for speculative decoding."""
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -224,4 +231,4 @@ def load_target(
         model, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs
     )
     network.to(device).eval()
-    return HFTarget(network, processor, adapter)
+    return HFTarget(network, processor, adapter, layout)

@@ -5,13 +5,13 @@ or refuses a family the loop cannot decode losslessly (`REFUSED`) with the reaso
 
 from __future__ import annotations
 
-from .base import FamilyAdapter
+from .base import IMAGE_FIRST, ChatLayout, FamilyAdapter
 from .deepseek_ocr2 import DeepseekOcr2Adapter
 from .kosmos2_5 import Kosmos25Adapter
 from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter
 from .one_d import GotOcr2Adapter, Idefics3Adapter, LightOnOcrAdapter, QianfanOcrAdapter, got_ocr2_image_tokens
 
-__all__ = ["ADAPTERS", "REFUSED", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
+__all__ = ["ADAPTERS", "IMAGE_FIRST", "REFUSED", "ChatLayout", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
 
 ADAPTERS: dict[str, FamilyAdapter] = {
     t: a

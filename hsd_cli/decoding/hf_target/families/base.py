@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +46,20 @@ def image_only_processor_class(base: type, tokens: dict[str, str] = QWEN_VISION_
     return ImageOnlyProcessor
 
 
+
+@dataclass(frozen=True)
+class ChatLayout:
+    """How a chat template's turns are laid out for a model, as its makers send them: the image
+    before or after the prompt's text in the user turn, and a system turn (None: none sent, the
+    template's default applies; "" is an empty one). Families whose adapter writes its own
+    conversation (GOT-OCR 2.0, Kosmos-2.5, DeepSeek-OCR-2) keep their makers' layout."""
+
+    image_first: bool = True
+    system: str | None = None
+
+
+IMAGE_FIRST = ChatLayout()
+
 class FamilyAdapter:
     """What differs per model family. Subclasses are small; see `QwenVLAdapter`."""
 
@@ -73,16 +88,20 @@ class FamilyAdapter:
         """The images of a batch (None = a text-only row) as the processor takes them."""
         return [im for im in images if im is not None] or None
 
-    def chat_text(self, processor, prompt: str, with_image: bool) -> str:
+    def chat_text(self, processor, prompt: str, with_image: bool, layout: ChatLayout = IMAGE_FIRST) -> str:
         # An empty prompt sends the image alone (as LightOnOCR is prompted).
-        content = ([{"type": "image"}] if with_image else []) + ([{"type": "text", "text": prompt}] if prompt else [])
-        messages = [{"role": "user", "content": content}]
+        image = [{"type": "image"}] if with_image else []
+        text = [{"type": "text", "text": prompt}] if prompt else []
+        system = [] if layout.system is None else [{"role": "system", "content": layout.system}]
+        messages = system + [{"role": "user", "content": image + text if layout.image_first else text + image}]
         return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def processor_inputs(self, processor, images: Sequence[Image.Image | None], prompts: Sequence[str]):
+    def processor_inputs(
+        self, processor, images: Sequence[Image.Image | None], prompts: Sequence[str], layout: ChatLayout = IMAGE_FIRST,
+    ):
         """The processor's batch for (image, prompt) rows, left-padded so that every row's next
         token is at the end."""
-        texts = [self.chat_text(processor, p, im is not None) for im, p in zip(images, prompts)]
+        texts = [self.chat_text(processor, p, im is not None, layout) for im, p in zip(images, prompts)]
         return processor(
             text=texts, images=self.processor_images(images), return_tensors="pt", padding=True, padding_side="left"
         )

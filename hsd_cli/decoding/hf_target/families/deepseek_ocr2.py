@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from .base import FamilyAdapter, model_file
+from .base import IMAGE_FIRST, ChatLayout, FamilyAdapter, model_file
 
 # Special tokens of the model's output markup: the grounding tags before each block
 # (<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>) and the table cells its vocabulary
@@ -40,7 +40,7 @@ class DeepseekOcr2Adapter(FamilyAdapter):
         counts = {name: settings[name] for name in ("patch_size", "downsample_ratio") if name in settings}
         return DeepseekOcr2Processor(DeepseekOcr2ImageProcessorPil.from_pretrained(path), tokenizer, **counts)
 
-    def chat_text(self, processor, prompt: str, with_image: bool) -> str:
+    def chat_text(self, processor, prompt: str, with_image: bool, layout: ChatLayout = IMAGE_FIRST) -> str:
         return f"{processor.image_token}\n{prompt}" if with_image else prompt
 
     def vision_token_ids(self, config) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import FamilyAdapter
+from .base import IMAGE_FIRST, ChatLayout, FamilyAdapter
 
 
 class Kosmos25Adapter(FamilyAdapter):
@@ -38,7 +38,7 @@ class Kosmos25Adapter(FamilyAdapter):
     def position_ids(self, model, positions: torch.Tensor) -> torch.Tensor:
         return positions + model.config.text_config.pad_token_id + 1
 
-    def chat_text(self, processor, prompt: str, with_image: bool) -> str:
+    def chat_text(self, processor, prompt: str, with_image: bool, layout: ChatLayout = IMAGE_FIRST) -> str:
         # The processor opens image rows with the bos token itself; a text-only row opens with it here.
         return prompt if with_image else f"{processor.tokenizer.bos_token}{prompt}"
 

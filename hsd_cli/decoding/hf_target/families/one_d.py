@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from PIL import Image
 
-from .base import FamilyAdapter, model_file, processor_chat_template
+from .base import IMAGE_FIRST, ChatLayout, FamilyAdapter, model_file, processor_chat_template
 
 
 class Idefics3Adapter(FamilyAdapter):
@@ -78,7 +78,7 @@ class GotOcr2Adapter(FamilyAdapter):
     def new_processor(self, tokenizer, image_processor, image_tokens: int):
         return _got_ocr2_processor_class()(image_processor, tokenizer, num_image_tokens=image_tokens)
 
-    def chat_text(self, processor, prompt: str, with_image: bool) -> str:
+    def chat_text(self, processor, prompt: str, with_image: bool, layout: ChatLayout = IMAGE_FIRST) -> str:
         # GotOcr2Processor's own conversation (built when it is given no text), with `prompt` as the query.
         start, end = processor.message_start_token, processor.message_end_token
         image = f"{processor.img_start_token}{processor.image_token}{processor.img_end_token}\n" if with_image else ""
