@@ -94,10 +94,12 @@ def penalise_(
     if not columns.size:
         return
     output_counts = np.bincount(np.searchsorted(columns, output[output < vocab]), minlength=columns.size)
-    on_tokens = tokens[:, None] == columns[None, :]  # (K - 1, C); every path token is a column
-    counts = torch.from_numpy((output_counts[None, :] + on_path.astype(np.int64) @ on_tokens).astype(np.float32))
+    counts = np.repeat(output_counts[None, :].astype(np.float32), len(scores), axis=0)  # (K, C)
+    nodes, on = np.nonzero(on_path & (tokens < vocab))  # node i, path node j + 1 on its path
+    np.add.at(counts, (nodes, np.searchsorted(columns, tokens[on])), 1.0)
+    counts = torch.from_numpy(counts)
     index = torch.from_numpy(columns)
-    picked = scores[:, index]
+    picked = scores.index_select(1, index)  # (K, C): a gather by advanced indexing costs ten times more
     if repetition:
         seen = (counts > 0) | torch.from_numpy(np.isin(columns, prompt))[None, :]
         penalty = rules.repetition_penalty  # transformers' expression, for the same fp32 rounding
@@ -106,7 +108,7 @@ def penalise_(
         picked = picked - rules.frequency_penalty * counts
     if rules.presence_penalty != 0.0:
         picked = picked - rules.presence_penalty * (counts > 0).to(picked.dtype)
-    scores[:, index] = picked
+    scores.index_copy_(1, index, picked)
 
 
 def suffix_matches(history: np.ndarray, cap: int) -> np.ndarray:

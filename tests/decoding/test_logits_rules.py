@@ -2,7 +2,7 @@
 processed with its own path's tokens, and speculation still emits what plain decoding with the
 same rule emits (transformers' `generate`, with its own processors where it has them)."""
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import numpy as np
@@ -181,16 +181,19 @@ def looping(target, strength=20.0, cycle=7, first=100):
         ids = kwargs.get("input_ids", args[0] if args else None)
         logits = out.logits
         ids = ids[:, -logits.shape[1]:]
-        assert ids.shape == logits.shape[:2], "one row, every position's logits"
+        assert ids.shape == logits.shape[:2], "every position's logits"
         favoured = first + (ids - first + 1) % cycle  # first, first + 1, ..., first + cycle - 1, first, ...
         out.logits = logits.scatter_add(-1, favoured[..., None], torch.full_like(logits[..., :1], strength))
         return out
 
     handle = target.model.register_forward_hook(bonus, with_kwargs=True)
+    # Every tree node's logits, padding nodes' too, so that they line up with the input ids.
+    target._output_layer_only_at = lambda valid: nullcontext()
     try:
         yield target
     finally:
         handle.remove()
+        del target._output_layer_only_at
 
 
 def table_cell_ids(target):
@@ -230,6 +233,20 @@ def test_plain_loop_with_a_rule_equals_generate(tiny_target, page_image):
     rules = LogitsRules(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.05, no_repeat_ngram=4)
     with looping(tiny_target, 10.0) as target:
         assert speculative(target, page_image, [], rules).tokens == target.generate_plainly(page_image, PROMPT, LENGTH, rules=rules)
+
+
+@pytest.mark.parametrize("separate_prefill", [False, True])
+def test_batched_rows_each_read_their_own_prompt_and_output(tiny_target, make_image, separate_prefill):
+    """Rows of different prompt lengths (left-padded when prefilled together): each row's rules
+    read its own prompt, padding left out, as `generate` on that row alone does."""
+    rules = LogitsRules(repetition_penalty=1.1, presence_penalty=0.5, no_repeat_ngram=3)
+    cases = [(make_image(1, 56, 56), "Read."), (make_image(2, 84, 112), "Transcribe every word of this page, please.")]
+    config = DecodeConfig(max_new_tokens=80, repetition_guard=False, rules=rules)
+    with looping(tiny_target, 10.0) as target:
+        references = [target.generate_plainly(image, prompt, 80, rules=rules) for image, prompt in cases]
+        requests = [DecodeRequest(image, prompt, DraftProposer([edit(ref, i, substitute=0.1)])) for i, ((image, prompt), ref) in enumerate(zip(cases, references))]
+        results = decode_batch(target, requests, config, separate_prefill=separate_prefill)
+    assert [r.tokens for r in results] == references
 
 
 @pytest.mark.parametrize("rule", [None, "mineru_penalties", "deepseek_ngram"])
