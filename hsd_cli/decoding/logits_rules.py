@@ -6,13 +6,17 @@ every node, bonus included, and the output stays what plain decoding with the sa
 
 Which tokens each rule reads, and why (the makers' implementations):
 
-| rule | reads | as |
-| --- | --- | --- |
-| `repetition_penalty` p | prompt + output | transformers' `RepetitionPenaltyLogitsProcessor` over `generate`'s input_ids (its left padding ignored), and vLLM's (prompt + output): a seen token's logit l becomes l * p if l < 0, else l / p |
-| `frequency_penalty` f, `presence_penalty` r | output only | vLLM's (transformers has neither): l - f * count - r * (count > 0), count in the output so far |
-| `no_repeat_ngram` n | prompt + output (`ngram_over_prompt`, transformers' `NoRepeatNGramLogitsProcessor`), or output only (vLLM-side processors: MinerU's, DeepSeek's) | a token that would complete an n-gram already in the history gets -inf |
-| `ngram_window` w | the last w tokens of that history | DeepSeek-OCR's `NoRepeatNGramLogitsProcessor`: only n-grams lying wholly in the last w tokens count (0: the whole history) |
-| `ngram_allowed` | | token ids never banned (DeepSeek's whitelist: `<td>`, `</td>`) |
+- `repetition_penalty` p: prompt + output, as transformers' `RepetitionPenaltyLogitsProcessor`
+  (over `generate`'s input_ids, its left padding ignored) and vLLM's: a seen token's logit l
+  becomes l * p where l < 0, else l / p.
+- `frequency_penalty` f, `presence_penalty` r: the output only, as vLLM's (transformers has
+  neither): l - f * count - r * (count > 0), count in the output so far.
+- `no_repeat_ngram` n: a token that would complete an n-gram already in the history gets -inf.
+  The history is prompt + output with `ngram_over_prompt` (transformers'
+  `NoRepeatNGramLogitsProcessor`), else the output only (the vLLM-side processors of MinerU and
+  DeepSeek). `ngram_window` w: only n-grams lying wholly in the history's last w tokens count
+  (DeepSeek-OCR's `NoRepeatNGramLogitsProcessor`; 0: the whole history). `ngram_allowed`: ids
+  never banned (DeepSeek's whitelist, `<td>` and `</td>`).
 
 Order: repetition penalty, then frequency and presence (vLLM's order; transformers' processors
 run the repetition penalty before the n-gram ban), then the ban (a -inf commutes with the rest).
