@@ -22,6 +22,7 @@ _MODULE_OF = {
     "DraftProposer": "proposer",
     "HFTarget": "hf_target",
     "LoadSizer": "sizing",
+    "LogitsRules": "logits_rules",
     "ReadSizers": "sizing",
     "NearLossless": "verify",
     "NoDraftProposer": "proposer",

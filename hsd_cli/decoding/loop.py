@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .logits_rules import LogitsRules, rules_on_roots, rules_on_trees
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
 from .repetition import NO_ALLOWANCE, RepetitionAllowance, RepetitionGuard, RepetitionLoop, loop_at_end, structure_allowance
 from .sizing import LoadSizer
@@ -30,6 +31,7 @@ class DecodeConfig:
     sampling: SamplingConfig = SamplingConfig()
     repetition_guard: bool = True  # stop where the output loops (repetition.py says what a loop is)
     stop_token_ids: tuple[int, ...] | None = None  # None: the target's own stop tokens
+    rules: LogitsRules = LogitsRules()  # penalties and n-gram bans, applied at every tree node (logits_rules.py)
 
 
 @dataclass
@@ -81,6 +83,9 @@ class Target(Protocol):
 
     def prefill_each(self, inputs: Sequence[dict]) -> tuple[TargetState, torch.Tensor]: ...
 
+    # Only where logits rules read the prompt (LogitsRules.reads_prompt): each row's prompt ids.
+    def prompt_tokens(self, inputs: dict) -> list[list[int]]: ...
+
     def forward_tree(
         self, state: TargetState, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, valid: torch.Tensor | None = None,
     ) -> torch.Tensor: ...  # (N, V): the logits of the `valid` nodes (every node if None), row by row
@@ -108,6 +113,7 @@ class DecodeSequence:
     stats: DecodeStats = field(default_factory=DecodeStats)
     stop_reason: str | None = None
     guard: RepetitionGuard = field(init=False)
+    prompt: Sequence[int] = ()  # the prompt's token ids, kept where logits rules read them
 
     def __post_init__(self) -> None:
         self.guard = RepetitionGuard(self.request.allowance)
@@ -142,10 +148,18 @@ def _prefill(
     start = perf_counter()
     sequences = list(newcomers.values())
     if separately:
-        state, logits = target.prefill_each([target.inputs([s.request.image], [s.request.prompt]) for s in sequences])
+        inputs = [target.inputs([s.request.image], [s.request.prompt]) for s in sequences]
+        state, logits = target.prefill_each(inputs)
     else:
-        state, logits = target.prefill(target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences]))
+        inputs = [target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences])]
+        state, logits = target.prefill(inputs[0])
     state.rows = list(newcomers)  # the batch keys
+    if config.rules.active:
+        if config.rules.reads_prompt:
+            prompts = [prompt for part in inputs for prompt in target.prompt_tokens(part)]
+            for sequence, prompt in zip(sequences, prompts):
+                sequence.prompt = prompt
+        logits = rules_on_roots(logits, [(s.prompt, s.tokens) for s in sequences], config.rules)
     first = first_tokens(logits, [s.key for s in sequences], config.sampling)
     elapsed = perf_counter() - start
     for sequence, token in zip(sequences, first):
@@ -194,6 +208,8 @@ def _step(target: Target, state: TargetState, active: list[DecodeSequence], conf
     proposed_at = perf_counter()
     logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, trees.valid))
     forwarded_at = perf_counter()
+    if config.rules.active:  # every node's logits with its own path's tokens, before any pick
+        logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in active], config.rules)
     outcomes = _verify(active, trees, logits, config.sampling)
     target.commit(state, trees.width, [o.path for o in outcomes])
     # Each row's accepted tokens are read from its own tree (Python tuples), not from the batch's tensors.

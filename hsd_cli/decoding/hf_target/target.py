@@ -44,7 +44,8 @@ class HFTarget:
         allowance: RepetitionAllowance = NO_ALLOWANCE, **generate_kwargs,
     ) -> list[int]:
         """The output of transformers' own `generate` on this image and prompt (generate.py): what
-        every speculative output must equal, and the speed it is measured against."""
+        every speculative output must equal, and the speed it is measured against. `rules=` and
+        `sampling=` (keywords) decode with those logits rules and that keyed sampling."""
         inputs = self.inputs([image], [prompt])
         return generate_plainly(
             self.model, inputs, self.stop_token_ids, max_new_tokens, repetition_guard, allowance, **generate_kwargs
@@ -79,6 +80,12 @@ class HFTarget:
         # Floating-point inputs (pixel values) in the model's dtype, as BatchFeature.to(device, dtype)
         # casts them: some vision towers (GOT-OCR 2.0's) do not cast them themselves.
         return {k: self._on_device(v) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def prompt_tokens(self, inputs: dict) -> list[list[int]]:
+        """Each row's prompt ids in `inputs` (its padding left out): what `generate`'s logits
+        processors see before the output (image placeholders included)."""
+        ids, attention = inputs["input_ids"].cpu(), inputs["attention_mask"].bool().cpu()
+        return [row[mask].tolist() for row, mask in zip(ids, attention)]
 
     def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device, self.dtype) if tensor.is_floating_point() else tensor.to(self.device)
