@@ -164,6 +164,12 @@ def convert(
             help="Read pages as the model's makers do: the recipe NAME (`hsd models --recipes` lists them; default: the makers' recipe of a known model id, else the family's default).",
         ),
     ] = None,
+    greedy: Annotated[
+        bool, typer.Option("--greedy", envvar=_env("greedy"), help="Decode greedily where the recipe's makers sample (olmOCR samples at temperature 0.1).")
+    ] = False,
+    seed: Annotated[
+        int, typer.Option(envvar=_env("seed"), help="Seed of the sampling where the recipe samples: a seed gives the same text with or without speculation.")
+    ] = 0,
     profile: Annotated[
         str | None,
         typer.Option(envvar=_env("profile"), help="Cost profile (a name `hsd profile` stored, or a JSON file) that --stages auto plans each page with (default: the stored profile of this model, device and dtype, if there is one; else a fixed rule)."),
@@ -259,6 +265,8 @@ def convert(
             profile=profile,
             near_lossless=near_lossless,
             recipe=recipe,
+            greedy=greedy,
+            seed=seed,
         )
         run_config = RunConfig(
             overwrite=overwrite,

@@ -83,6 +83,8 @@ class ConvertConfig:
     # None: lossless, the output is plain decoding's.
     near_lossless: float | None = None
     recipe: str | None = None  # None: the makers' recipe of a known model id, else the family's default
+    greedy: bool = False  # decode greedily where the recipe's makers sample
+    seed: int = 0  # the keyed sampler's seed where the recipe samples: a seed gives the same text with or without speculation
 
     def __post_init__(self) -> None:
         if self.stages in (Stages.PAGE, Stages.REGION_PAGE, Stages.PACKED) and self.model is None:
@@ -147,6 +149,8 @@ class ModelConfig:
     # The recipe's name (hsd_cli.recipes): how the model's makers feed it and read its answer;
     # "": the family's default, hsd's own way with the family.
     recipe: str = ""
+    greedy: bool = False  # greedy where the recipe's makers sample
+    seed: int = 0  # the keyed sampler's seed
     # "module:callable" that wraps the model's reader (a benchmark stand-in flags the pages it was
     # not built on); the worker imports it by name, so the product never imports the stand-ins.
     reader_wrapper: str | None = None

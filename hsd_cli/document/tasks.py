@@ -68,11 +68,13 @@ def file_sha256(path: Path) -> str:
 # Options added since outputs were first hashed whose unset value is the behaviour before them:
 # recorded (and hashed) only when set, so that a run without them keeps its bytes and resumes. A
 # recipe is set where it is a makers' one: a family's default is hsd's way before recipes.
-RECORDED_WHEN_SET_FIELDS = ("near_lossless", "recipe")
+RECORDED_WHEN_SET_FIELDS = ("near_lossless", "recipe", "greedy", "seed")
 
 
 def _set(key: str, value: object) -> bool:
-    return value is not None and not (key == "recipe" and (not value or value.startswith(FAMILY_DEFAULT_PREFIX)))
+    if key == "recipe":
+        return bool(value) and not value.startswith(FAMILY_DEFAULT_PREFIX)
+    return value not in (None, False, 0)
 
 
 def page_timeout_matters(config: ResolvedConfig) -> bool:

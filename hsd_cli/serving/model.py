@@ -15,7 +15,7 @@ from PIL import Image
 
 from hsd_cli.config import ModelConfig, Sizing
 from hsd_cli.decoding import (
-    DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result,
+    DecodeConfig, DecodeRequest, LogitsRules, SamplingConfig, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result,
     NearLossless, draft_allowance, load_target, make_proposer,
 )
 from hsd_cli.decoding.hf_target.families import ChatLayout
@@ -23,6 +23,7 @@ from hsd_cli.decoding.proposer import Proposer
 from hsd_cli.models.family_settings import ModelSettings, settings_for
 from hsd_cli.profiles import load_profile, square_side
 from hsd_cli.recipes.messages import image_first
+from hsd_cli.recipes.recipe import Recipe
 from hsd_cli.recipes.registry import is_family_default, recipe_named
 from hsd_cli.records.kinds import ReaderNote
 from hsd_cli.decoding.repetition import NO_ALLOWANCE, RepetitionAllowance
@@ -49,7 +50,8 @@ class VlmModel:
         self.picture_render = None if is_family_default(self.recipe) else self.recipe.render
         # The recipe's page prompt (the family's own where the recipe is the family's default).
         self.settings: ModelSettings = replace(settings_for(self.target.model_type), page_prompt=prompt.text)
-        self.decode_config = DecodeConfig(max_new_tokens=config.max_new_tokens)
+        self.target.stop_token_ids = _stop_ids(self.target, self.recipe)
+        self.decode_config = recipe_decode_config(self.recipe, config, self.target.tokenizer)
         self.near_lossless = config.near_lossless
         self.profile = load_profile(config.profile) if config.profile else None
         self.engine = None
@@ -66,7 +68,7 @@ class VlmModel:
         return self.target.decode(list(tokens))
 
     def prompt_tokens(self, picture: Image.Image, prompt: str) -> int:
-        return self.target.prompt_tokens(picture, prompt)
+        return self.target.prompt_length(picture, prompt)
 
     def proposer(self, drafts: Sequence[str], *, growing: bool = False) -> Proposer:
         return make_proposer(self.target, drafts, self.settings.draft_match, growing=growing)
@@ -129,14 +131,47 @@ class VlmModel:
         allowance: RepetitionAllowance = NO_ALLOWANCE,
     ) -> list[int]:
         """transformers' own generate, with the model to itself between the shared batch's steps;
-        its repetition guard lets through the repetition `allowance` holds (`draft_allowance`)."""
+        its repetition guard lets through the repetition `allowance` holds (`draft_allowance`), and
+        it decodes with the recipe's logits rules and sampling, as the speculative reads do."""
+        rules, sampling = self.decode_config.rules, self.decode_config.sampling
         if self.engine is None:
-            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard, allowance)
+            return self.target.generate_plainly(
+                picture, prompt, max_new_tokens, repetition_guard, allowance, rules=rules, sampling=sampling,
+            )
         with released(), self.engine.exclusive():
-            return self.target.generate_plainly(picture, prompt, max_new_tokens, repetition_guard, allowance)
+            return self.target.generate_plainly(
+                picture, prompt, max_new_tokens, repetition_guard, allowance, rules=rules, sampling=sampling,
+            )
 
     def page_note(self, picture: Image.Image) -> ReaderNote | None:
         return None
+
+
+def _stop_ids(target, recipe: Recipe) -> list[int]:
+    """The target's stop tokens and the recipe's (Chandra's makers stop on <|im_end|> too)."""
+    extra = [target.tokenizer.convert_tokens_to_ids(token) for token in recipe.decoding.stop]
+    known = [token_id for token_id in extra if isinstance(token_id, int) and token_id != target.tokenizer.unk_token_id]
+    return list(dict.fromkeys([*target.stop_token_ids, *known]))
+
+
+def recipe_decode_config(recipe: Recipe, config: ModelConfig, tokenizer) -> DecodeConfig:
+    """How the recipe's makers decode, as the decoding core takes it: their logits rules (applied
+    along each tree node's own path, losslessly) and their sampling through the keyed sampler
+    (greedy where --greedy says so, or the makers sample at temperature 0)."""
+    decoding = recipe.decoding
+    ban = decoding.ngram_ban
+    rules = LogitsRules(
+        repetition_penalty=decoding.repetition_penalty,
+        no_repeat_ngram=ban.n if ban else 0,
+        ngram_window=ban.window if ban else 0,
+        ngram_allowed=tuple(tokenizer.convert_tokens_to_ids(token) for token in ban.allowed) if ban else (),
+        ngram_over_prompt=False,  # the makers' vLLM processors ban n-grams of the output (DeepSeek, MinerU)
+    )
+    sampled = decoding.temperature > 0 and not config.greedy
+    sampling = SamplingConfig(
+        temperature=decoding.temperature, top_k=decoding.top_k or 0, top_p=decoding.top_p, seed=config.seed,
+    ) if sampled else SamplingConfig()
+    return DecodeConfig(max_new_tokens=config.max_new_tokens, sampling=sampling, rules=rules)
 
 
 @cache

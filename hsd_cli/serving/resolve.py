@@ -113,11 +113,14 @@ def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> M
     family = _family(config.model)
     settings_for(family)  # a family settings file that cannot be used raises SettingsFileError here
     recipe = _recipe(config.recipe, config.model, family)
+    if config.near_lossless is not None and recipe.decoding.temperature > 0 and not config.greedy:
+        raise RecipeError(f"--near-lossless decodes greedily, and recipe {recipe.name!r} samples: add --greedy")
     device = config.device or default_device()
     dtype = config.dtype or default_dtype(device)
     return ModelConfig(
         model=config.model, family=family, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code,
         max_new_tokens=config.max_new_tokens or recipe.decoding.max_new_tokens, baseline=config.baseline, recipe=recipe.name,
         profile=_profile(config.profile, config.model, device, dtype), near_lossless=config.near_lossless,
+        greedy=config.greedy, seed=config.seed,
         reader_wrapper=reader_wrapper,
     )

@@ -69,7 +69,7 @@ class HFTarget:
         special = {i for i, token in self.tokenizer.added_tokens_decoder.items() if token.special}
         return (special | set(self.tokenizer.all_special_ids)) - kept
 
-    def prompt_tokens(self, image: Image.Image | None, prompt: str) -> int:
+    def prompt_length(self, image: Image.Image | None, prompt: str) -> int:
         """The tokens of the prompt the model reads for (image, prompt), image tokens included."""
         batch = self.adapter.processor_inputs(self.processor, [image], [prompt], self.layout)
         return int(batch["input_ids"].shape[-1])
