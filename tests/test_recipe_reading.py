@@ -67,3 +67,24 @@ def test_the_chat_layout_puts_the_text_first_and_a_system_turn_as_the_makers_do(
 def test_a_recipe_that_cannot_be_read_is_a_one_line_usage_error(docs_dir, tiny_model, tmp_path, options, complaint):
     result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", tiny_model, *options)
     assert result.exit_code == 2 and complaint in result.stderr, result.stderr
+
+
+def test_the_makers_text_rules_hsd_does_not_apply_elsewhere_give_the_pages_text():
+    from hsd_cli.records.page import Reading
+    from hsd_cli.stages.makers_text import makers_text
+
+    looped = "Intro. " + "ab" * 5000
+    hunyuan = makers_text(Reading(result=None, front_matter=None, text=looped, dialect={}), recipes()["hunyuan-ocr"])
+    assert hunyuan.text == "Intro. ab" and hunyuan.model_text == looped, "HunyuanOCR cuts a long repeated tail"
+    olmocr = Reading(result=None, front_matter=None, text="---\nnot read twice", dialect={})
+    assert makers_text(olmocr, OLMOCR) is olmocr, "olmOCR's front matter is the stages' to read"
+
+
+def test_pages_are_joined_as_the_makers_join_them():
+    from hsd_cli.output.markdown import document_markdown
+    from hsd_cli.records.page import DocumentResult, Page
+
+    pages = tuple(Page(page_no=n, size_pt=(1, 1), text=f"page {n}") for n in (1, 2))
+    result = DocumentResult(pages=pages, page_count=2, metadata={}, warnings=(), damaged=False, tracebacks=())
+    assert document_markdown(result, lambda block: None, False, OLMOCR.output.page_join) == "page 1\npage 2\n"
+    assert document_markdown(result, lambda block: None, False) == "page 1\n\npage 2\n", "hsd's own: a blank line"

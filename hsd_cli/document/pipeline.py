@@ -21,6 +21,7 @@ from hsd_cli.records.kinds import DocStatus, PageFlag
 from hsd_cli.records.page import DocumentResult, ModelInput, Page, Plan, Reading, Way
 from hsd_cli.stages.dialect import page_drafts, settled
 from hsd_cli.stages.draft import DraftBackend, make_draft_backend
+from hsd_cli.stages.makers_text import makers_text
 from hsd_cli.stages.outcome import LOST_PAGE_WHY, TIMED_OUT_WHY, draft_standing_in, failed_page, model_reading
 from hsd_cli.stages.planner import block_outlooks, fixed_plan, page_kind, picture_side, plan_page
 from hsd_cli.stages.rasterize import DocumentError, open_document, render_for_model
@@ -135,7 +136,7 @@ def vlm_stage(
         baseline = baseline_check(model, page.model_view, reading)
         reading = replace(reading, baseline=baseline, baseline_page_s=time.perf_counter() - baseline_started)
     tokens = model.prompt_tokens(page.model_view, model.settings.page_prompt)
-    reading = replace(reading, model_input=ModelInput(model.recipe_name, page.model_view.size, tokens))
+    reading = makers_text(replace(reading, model_input=ModelInput(model.recipe.name, page.model_view.size, tokens)), model.recipe)
     return model_reading(page, reading, model.decode_config.max_new_tokens, model.page_note(page.picture))
 
 

@@ -14,6 +14,7 @@ from hsd_cli.document.pipeline import EventSink, convert_document
 from hsd_cli.output.files import write_atomic
 from hsd_cli.output.json_doc import document_json
 from hsd_cli.output.markdown import document_markdown, page_markdown
+from hsd_cli.recipes.registry import recipe_named
 from hsd_cli.records.kinds import Block, BlockKind, DocStatus, PageFlag
 from hsd_cli.records.page import DocumentResult, Page
 from hsd_cli.records.totals import DecodingTotals
@@ -49,7 +50,9 @@ def write_document(result: DocumentResult, task: DocumentTask) -> dict[str, str]
     def image_ref(block: Block) -> str | None:
         return figure_files.get(block.id)
 
-    markdown = document_markdown(result, image_ref, task.config.document.page_markers)
+    model = task.config.model
+    page_join = recipe_named(model.recipe, model.family).output.page_join if model else "\n\n"
+    markdown = document_markdown(result, image_ref, task.config.document.page_markers, page_join)
     source = {
         "path": str(task.doc.path),
         "name": task.doc.path.name,

@@ -47,6 +47,8 @@ def stats_json(page: Page) -> dict[str, Any] | None:
         stats["rotation"] = {"degrees": reading.rotation, "reads": reading.reads, "earlier_forwards": reading.earlier_forwards}
     if reading.model_input is not None:
         stats["model_input"] = reading.model_input.as_json()
+    if reading.model_text is not None:
+        stats["model_text"] = reading.model_text
     if reading.near_lossless is not None:
         stats["near_lossless"] = {"tau": reading.near_lossless, "relaxed": result.stats.relaxed}
     if reading.regions:

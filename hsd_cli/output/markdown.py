@@ -52,10 +52,12 @@ def page_markdown(page: Page, image_ref: Callable[[Block], str | None]) -> str:
 
 
 def document_markdown(
-    result: DocumentResult, image_ref: Callable[[Block], str | None], page_markers: bool
+    result: DocumentResult, image_ref: Callable[[Block], str | None], page_markers: bool, page_join: str = "\n\n",
 ) -> str:
+    """The pages' Markdown joined as the model's makers join them (`page_join`: the recipe's;
+    a blank line is hsd's own), with a page's marker before it where asked."""
     chunks = []
     for page in result.pages:
         body = page_markdown(page, image_ref)
         chunks.append(f"<!-- page {page.page_no} -->\n\n{body}" if page_markers else body)
-    return "\n\n".join(chunk for chunk in chunks if chunk.strip()) + "\n"
+    return page_join.join(chunk for chunk in chunks if chunk.strip()) + "\n"

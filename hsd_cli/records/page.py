@@ -85,6 +85,7 @@ class Reading:
     grounding: Grounding | None = None  # the layout the output's grounding tags gave, where it has them
     near_lossless: float | None = None  # --near-lossless's TAU where the page stage read with it (None: lossless)
     model_input: ModelInput | None = None  # what the model read: the recipe, the picture's size, the prompt's tokens
+    model_text: str | None = None  # the model's text where its recipe's post-processing changed it (`text` is the page's)
 
     @property
     def reads(self) -> int:

@@ -46,7 +46,6 @@ class VlmModel:
             config.model, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code,
             layout=ChatLayout(image_first=image_first(prompt), system=prompt.system),
         )
-        self.recipe_name = self.recipe.name
         self.picture_render = None if is_family_default(self.recipe) else self.recipe.render
         # The recipe's page prompt (the family's own where the recipe is the family's default).
         self.settings: ModelSettings = replace(settings_for(self.target.model_type), page_prompt=prompt.text)

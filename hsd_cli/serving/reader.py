@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from hsd_cli.decoding.repetition import RepetitionAllowance
     from hsd_cli.models.family_settings import ModelSettings
     from hsd_cli.profiles import Profile
-    from hsd_cli.recipes.recipe import Render
+    from hsd_cli.recipes.recipe import Recipe, Render
     from hsd_cli.records.kinds import ReaderNote
 
 
@@ -29,7 +29,7 @@ class Reader(Protocol):
     profile: Profile | None  # what a step and a prefill cost (None: no profile)
     decode_config: DecodeConfig  # the token budget and the repetition guard
     near_lossless: float | None  # --near-lossless TAU; the stages give the rule its policy (None: lossless)
-    recipe_name: str  # the recipe the model reads by (hsd_cli.recipes)
+    recipe: Recipe  # how the model's makers feed it and read its answer (hsd_cli.recipes)
     picture_render: Render | None  # how the recipe renders a page for the model; None: as the draft renders it
 
     def encode(self, text: str) -> list[int]: ...
