@@ -70,6 +70,7 @@ def test_failed_documents_wait_for_retry_failed(tmp_path):
     assert len(_manifest(out)) == 2
 
 
+@pytest.mark.slow
 def test_a_hanging_page_times_out_and_the_run_ends(docs_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("HSD_DEBUG_STALL", "report.pdf:2")
     started = time.monotonic()
@@ -100,6 +101,7 @@ def test_document_timeout_fires(docs_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_on_a_page_is_replaced_and_the_page_lost_only_the_second_time(docs_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("HSD_DEBUG_CRASH", "report.pdf:2")
     events = tmp_path / "events.ndjson"
@@ -135,6 +137,7 @@ def test_a_page_whose_draft_raises_fails_with_its_exception_in_the_json_the_mani
     assert record["status"] == "failed" and "RuntimeError: HSD_DEBUG_RAISE" in record["error"]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_rerun_loses_and_duplicates_nothing(corpus, tmp_path):
     for n in range(4, 8):
         (corpus / f"doc{n}.pdf").write_bytes((corpus / "doc0.pdf").read_bytes() + f"% {n}\n".encode())

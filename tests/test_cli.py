@@ -128,6 +128,7 @@ def test_images_are_one_page_documents_and_figures_are_saved(tmp_path, docs_dir)
     assert not (tmp_path / "n" / "figure_images").exists()
 
 
+@pytest.mark.slow
 def test_outputs_are_byte_identical_across_runs(docs_dir, tmp_path):
     for run in ("a", "b"):
         assert run_hsd("convert", docs_dir, "-o", tmp_path / run, "-q").exit_code == 0

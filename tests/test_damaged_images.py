@@ -39,6 +39,7 @@ def images(docs_dir, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_cut_images_are_degraded_or_corrupt_never_silently_ok(images, tmp_path):
     out = tmp_path / "out"
     result = run_hsd("convert", images, "-o", out, "--json")

@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import pymupdf
+import pytest
 from PIL import Image
 
 from hsd_cli.config import Executor, RunConfig
@@ -82,6 +83,7 @@ def test_on_a_gpu_the_rows_follow_its_memory_and_the_pages_prompt(tiny_model, mo
     assert abs(asked[1][0] - page.width) <= 1 and abs(asked[1][1] - page.height) <= 1, "--max-pixels caps it"
 
 
+@pytest.mark.slow
 def test_max_rows_unset_is_chosen_and_recorded(tiny_model, docs_dir, tmp_path):
     assert RunConfig().max_rows is None
     RunConfig(executor=Executor.RAY)  # unset is one row there: no refusal
@@ -101,6 +103,7 @@ def test_max_rows_unset_is_chosen_and_recorded(tiny_model, docs_dir, tmp_path):
     assert json.loads(draft_only.stdout)["max_rows"] == 1
 
 
+@pytest.mark.slow
 def test_a_budget_that_cannot_be_worked_out_warns_and_reads_one_row(tiny_model, docs_dir, tmp_path, monkeypatch):
     from hsd_cli.decoding.hf_target import footprint
 
@@ -117,6 +120,7 @@ def test_a_budget_that_cannot_be_worked_out_warns_and_reads_one_row(tiny_model, 
     assert json.loads(result.stdout)["max_rows"] == 1
 
 
+@pytest.mark.slow
 def test_on_a_gpu_a_run_keeps_no_more_rows_than_it_has_documents(tiny_model, docs_dir, tmp_path, monkeypatch):
     """Per-page sizing prices each read at the rows: a run of two documents on a device that
     holds many reads as two rows, and one document as one (whole trees, as against `generate`).
@@ -135,6 +139,7 @@ def test_on_a_gpu_a_run_keeps_no_more_rows_than_it_has_documents(tiny_model, doc
     assert json.loads(one.stdout)["max_rows"] == 1 and "rows in flight: 1, one per document (cpu's" in one.stderr
 
 
+@pytest.mark.slow
 def test_on_a_gpu_a_long_document_splits_into_as_many_rows_as_its_parts(tiny_model, docs_dir, tmp_path, monkeypatch):
     """One long PDF alone in a run fills rows too: it splits into parts of at least MIN_PART_PAGES
     pages, a row each (20 pages: 3 parts), and `--pages` counts only the pages selected."""

@@ -167,6 +167,7 @@ def _draft_waits(out: Path) -> dict[str, list[bool]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_model", [False, True], ids=["draft", "tiny-model"])
 def test_drafts_made_ahead_change_no_output_byte(with_model, documents, tmp_path, request):
     extra = [*_model_args(request.getfixturevalue("tiny_model")), "--max-rows", "2"] if with_model else []
@@ -197,6 +198,7 @@ def _processes_marked(mark: str) -> list[int]:
     return alive
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, lost", [("HSD_DEBUG_STALL", "timeout"), ("HSD_DEBUG_CRASH", "crash")])
 def test_a_draft_that_hangs_or_kills_its_process_costs_its_page_only_and_leaves_no_process(
     fault, lost, documents, tiny_model, tmp_path, monkeypatch,

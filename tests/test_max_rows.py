@@ -30,7 +30,7 @@ def _outputs(out: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(out.glob("*.md")) + sorted(out.glob("*.json"))}
 
 
-@pytest.mark.parametrize("with_model", [False, True], ids=["draft", "tiny-model"])
+@pytest.mark.parametrize("with_model", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["draft", "tiny-model"])
 def test_max_rows_changes_no_output_byte_and_records_every_document_once(with_model, corpus, tmp_path, request):
     extra = _model_args(request.getfixturevalue("tiny_model")) if with_model else []
     outputs = {}
@@ -44,6 +44,7 @@ def test_max_rows_changes_no_output_byte_and_records_every_document_once(with_mo
     assert len(outputs[1]) == 8 and outputs[3] == outputs[1]
 
 
+@pytest.mark.slow
 def test_a_stalled_page_and_a_crash_cost_only_their_own_documents(corpus, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("HSD_DEBUG_STALL", "doc0.pdf:2")
     monkeypatch.setenv("HSD_DEBUG_CRASH", "doc1.pdf:2")
@@ -68,6 +69,7 @@ def test_a_stalled_page_and_a_crash_cost_only_their_own_documents(corpus, tiny_m
     assert flags == [["vlm", "truncated"]] * 2, "read by the model, not drafts standing in"
 
 
+@pytest.mark.slow
 def test_batch_sizing_changes_no_markdown_byte(corpus, tiny_model, tmp_path):
     profile = half_node_profile(tmp_path / "profile.json")
     markdown = {}

@@ -151,7 +151,7 @@ def assert_identical_to_golden(out: Path, run: str, document: str, values: dict[
         pytest.skip(f"HSD_REGENERATE_GOLDEN=1: wrote the goldens of {run}/{document}, compared nothing")
 
 
-@pytest.mark.parametrize("document", ["report", "scan"])
+@pytest.mark.parametrize("document", ["report", pytest.param("scan", marks=pytest.mark.slow)])
 def test_draft_only_outputs_are_byte_identical(document, docs_dir, request):
     if document == "scan":
         request.getfixturevalue("ocr_as_when_written")
@@ -159,6 +159,7 @@ def test_draft_only_outputs_are_byte_identical(document, docs_dir, request):
     assert_identical_to_golden(out, "draft", document, run_specific_values(docs_dir / f"{document}.pdf"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("document", ["report", "scan"])
 def test_planned_tiny_model_outputs_are_byte_identical(document, docs_dir, tiny_model, tiny_model_as_when_written, request):
     if document == "scan":

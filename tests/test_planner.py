@@ -147,7 +147,10 @@ NODES_DEAR = profile(lambda rows, nodes, context: 0.03 * rows * nodes)  # a forw
 CROPS_DEAR = profile(lambda rows, nodes, context: 0.01 * (1 + rows * nodes / 2048), prefill=(0.02, 0.05))
 
 
-@pytest.mark.parametrize(("cost", "chosen"), [(CPU_LIKE, "page"), (CROPS_DEAR, "packed"), (NODES_DEAR, "plain"), (CONTEXT_DEAR, "region-page")])
+@pytest.mark.parametrize(("cost", "chosen"), [
+    pytest.param(CPU_LIKE, "page", marks=pytest.mark.slow), pytest.param(CROPS_DEAR, "packed", marks=pytest.mark.slow),
+    pytest.param(NODES_DEAR, "plain", marks=pytest.mark.slow), (CONTEXT_DEAR, "region-page"),
+])
 def test_convert_auto_plans_each_page_and_stays_lossless(cost, chosen, tmp_path, docs_dir):
     from hsd_cli.models.tiny_families import build_tiny_random
     from tests.conftest import run_hsd

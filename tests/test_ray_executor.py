@@ -22,6 +22,9 @@ from tests.test_max_rows import _model_args, _outputs
 
 ray = pytest.importorskip("ray")
 
+# Every test here starts Ray or drives a run through it: the slow tier.
+pytestmark = pytest.mark.slow
+
 
 # Ray puts a driver's working directory first on its workers' import path. The tests run in the
 # checkout, whose hsd_cli is not the installed package (CI installs a wheel): drivers here start

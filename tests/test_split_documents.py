@@ -55,6 +55,7 @@ def _page_markdown(out: Path) -> list[str]:
     return [page["markdown"] for page in json.loads((out / "long.json").read_text())["pages"]]
 
 
+@pytest.mark.slow
 def test_a_split_document_writes_every_page_once_as_one_document(long_pdf, tiny_model, tmp_path):
     runs = {}
     for rows in (1, 3):
@@ -78,6 +79,7 @@ def test_a_split_document_writes_every_page_once_as_one_document(long_pdf, tiny_
     assert all(page["flags"] == ["vlm", "truncated"] for page in pages), "read by the model, not drafts standing in"
 
 
+@pytest.mark.slow
 def test_a_stalled_page_in_a_later_part_costs_its_document_that_page_only(long_pdf, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("HSD_DEBUG_STALL", "long.pdf:10")
     out = tmp_path / "out"
@@ -96,6 +98,7 @@ def test_a_stalled_page_in_a_later_part_costs_its_document_that_page_only(long_p
     assert [n for n, page in enumerate(pages, 1) if page["flags"] != ["vlm", "truncated"]] == [10]
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_split_document_then_the_same_command_gives_the_same_bytes(long_pdf, tiny_model, tmp_path):
     def command(out: Path, events: Path) -> list[str]:
         return [sys.executable, "-m", "hsd_cli.cli", "convert", str(long_pdf), "-o", str(out), "-q", "--events", str(events),

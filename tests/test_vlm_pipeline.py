@@ -47,6 +47,7 @@ def _invisible_text_pdf(path, text):
         doc.save(path)
 
 
+@pytest.mark.slow
 def test_a_page_drafted_with_the_models_own_text_accepts_drafts_and_equals_plain_decoding(tiny_model, tmp_path):
     # A random model never agrees with real text, so its own plain output is the draft: decode
     # the page once, then again with that output as the page's text layer.
@@ -67,6 +68,7 @@ def test_a_page_drafted_with_the_models_own_text_accepts_drafts_and_equals_plain
     assert second["markdown"] == first["markdown"] and second["text_source"] == "model"
 
 
+@pytest.mark.slow
 def test_auto_stages_run_regions_only_for_uncertain_blocks(tiny_model, docs_dir, tmp_path):
     result = run_hsd(
         "convert", docs_dir, "-o", tmp_path, "--model", tiny_model, "--max-new-tokens", "8", "--pages", "1", "--json",
@@ -102,6 +104,7 @@ def test_vlm_stages_without_a_model_are_a_usage_error(docs_dir, tmp_path):
     assert run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path, "--stages", "page").exit_code == 2
 
 
+@pytest.mark.slow
 def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("HSD_DEBUG_STALL", "report.pdf:1:vlm")
     result = run_hsd(
@@ -118,7 +121,7 @@ def test_a_hanging_vlm_page_falls_back_to_its_draft(tiny_model, docs_dir, tmp_pa
 
 
 @pytest.mark.parametrize(("fault", "reason", "line"), [
-    ("HSD_DEBUG_CRASH", "crash", "the worker died on this page twice; the draft stands in"),
+    pytest.param("HSD_DEBUG_CRASH", "crash", "the worker died on this page twice; the draft stands in", marks=pytest.mark.slow),
     ("HSD_DEBUG_RAISE", "vlm_error", "the model failed (RuntimeError: HSD_DEBUG_RAISE on the vlm stage); the draft stands in"),
 ])
 def test_a_vlm_page_that_fails_keeps_its_draft_and_says_why(fault, reason, line, tiny_model, docs_dir, tmp_path, monkeypatch):
@@ -167,6 +170,7 @@ def test_an_empty_model_reading_is_an_empty_page_not_the_draft(tiny_model, docs_
     assert "report.pdf: page 1: the model read nothing on this page; it is written empty" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_looping_model_keeps_its_reading_up_to_the_loop_and_the_draft_completes_the_page(tiny_model, docs_dir, tmp_path):
     from hsd_cli.decoding.repetition import REPETITION_SPAN
     from hsd_cli.output.markdown import DRAFT_FOLLOWS

@@ -18,7 +18,15 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(scope="session", params=TINY_FAMILIES)
+# The fast tier checks the decoding core on these families (M-RoPE, 1-D positions, Kosmos-2.5's
+# own layout); every family's tests run in the slow tier (`-m slow`) and in `.ci/run`.
+FAST_FAMILIES = ("qwen2_5_vl", "idefics3", "kosmos-2.5")
+
+
+@pytest.fixture(
+    scope="session",
+    params=[family if family in FAST_FAMILIES else pytest.param(family, marks=pytest.mark.slow) for family in TINY_FAMILIES],
+)
 def tiny_target(request, tmp_path_factory):
     model_dir = build_tiny_random(request.param, tmp_path_factory.mktemp(request.param))
     return load_target(str(model_dir), device="cpu", dtype="float32")

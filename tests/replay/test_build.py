@@ -30,6 +30,9 @@ from tests.conftest import run_hsd
 
 from .two_pages import build_two_page_model
 
+# Each test builds (trains) a replay model: the slow tier.
+pytestmark = pytest.mark.slow
+
 
 def _request(
     replay_corpus, model_dir, steps, resume=False, evaluate=False, check_every_epoch=False, threads=1, anneal=0.3,

@@ -4,9 +4,14 @@ olmOCR's front matter."""
 
 import json
 
+import pytest
+
 from tests.conftest import run_hsd
 
 from .two_pages import build_two_page_model
+
+# It builds two-page replay models and converts with them: the slow tier.
+pytestmark = pytest.mark.slow
 
 FORM = "---\nName: John Smith\n---\n\nThe harvest came early."
 OLMOCR = (
