@@ -16,7 +16,7 @@ from hsd_cli.document.pipeline import DocumentSoFar, draft_stage, vlm_stage
 from hsd_cli.records.kinds import PageFlag
 from hsd_cli.stages.draft import make_draft_backend
 from hsd_cli.stages.outcome import TIMED_OUT_WHY
-from tests.fixtures import half_node_profile
+from tests.fixtures import half_node_profile, model_config
 
 
 @pytest.fixture(scope="module")
