@@ -15,25 +15,56 @@ import typer
 from hsd_cli.config import Sizing
 
 if TYPE_CHECKING:
+    import pymupdf
+
     from hsd_cli.bench.oracle import BenchPage
     from hsd_cli.models.family_settings import ModelSettings
+    from hsd_cli.recipes.recipe import Recipe
 
 # The draft backend that drafted a page says what kind of page it is.
 PAGE_KINDS = {"pdf-text": "born-digital", "ocr": "scan"}
 
 
-def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log) -> list[BenchPage]:
+def bench_recipe(named: str | None, settings: ModelSettings) -> Recipe:
+    """The recipe whose model pictures the bench prices: the one named (of the family's), else the
+    family's default (hsd's own render)."""
+    from hsd_cli.recipes.registry import family_default, recipes
+
+    if named is None:
+        return family_default(settings)
+    recipe = recipes().get(named)
+    if recipe is None:
+        raise typer.BadParameter(f"no recipe {named!r}; `hsd models --recipes` lists them", param_hint="--recipe")
+    if recipe.family != settings.family:
+        raise typer.BadParameter(f"recipe {named!r} is for {recipe.family} models, not {settings.family}", param_hint="--recipe")
+    return recipe
+
+
+def picture_side(page: pymupdf.Page, size_pt: tuple[float, float], recipe: Recipe) -> int:
+    """The `square_side` of the picture the model reads of the page, what its prefill is priced
+    by: hsd's render of `size_pt` points under the family's default, else the recipe's rule."""
+    from hsd_cli.profiles import square_side
+    from hsd_cli.recipes.registry import is_family_default
+    from hsd_cli.stages.rasterize import model_picture_size, render_scale
+
+    if is_family_default(recipe):
+        scale = render_scale(size_pt, recipe.render.dpi, recipe.render.max_pixels)
+        return square_side(*(round(points * scale) for points in size_pt))
+    return square_side(*model_picture_size(page, recipe.render))
+
+
+def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, recipe: Recipe, log) -> list[BenchPage]:
     """Every page with a published output, drafted as `hsd convert` drafts it (default settings)
     and written in the family's dialect as the page stage writes its drafts: settled, as in a
-    convert run, by the outputs of the document's earlier pages."""
+    convert run, by the outputs of the document's earlier pages. Each page's picture is the one
+    `recipe` has the model read (`picture_side`)."""
     from hsd_cli.bench.oracle import BenchBlock, BenchPage
     from hsd_cli.config import ConvertConfig
     from hsd_cli.document.inputs import sniff_kind
-    from hsd_cli.profiles import square_side
     from hsd_cli.replay.dataset import pair_pages, region_target
     from hsd_cli.stages.draft import draft_page, make_draft_backend
     from hsd_cli.stages.dialect import block_drafts, draft_plan, page_drafts, settled
-    from hsd_cli.stages.rasterize import open_document, render_scale
+    from hsd_cli.stages.rasterize import open_document
 
     pairs, unmatched = pair_pages(outputs, inputs)
     for name in unmatched:
@@ -45,7 +76,9 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
         output = pair.output.read_text(encoding="utf-8").strip()
         document, _ = open_document(pair.document, sniff_kind(pair.document), None)
         with document:
-            draft = draft_page(make_draft_backend(defaults.document, pair.document.stem), document[pair.page_no - 1])
+            pdf_page = document[pair.page_no - 1]
+            draft = draft_page(make_draft_backend(defaults.document, pair.document.stem), pdf_page)
+            side = picture_side(pdf_page, draft.size_pt, recipe)
         outputs_so_far = earlier.setdefault(pair.document, [])
         dialect = settled(settings, outputs_so_far)
         drafts = tuple(page_drafts(draft.blocks, dialect, page_size=draft.size_pt))  # as --stages page drafts
@@ -57,8 +90,6 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, log)
         if output:
             outputs_so_far.append(output)
         page_id = f"{pair.document.relative_to(inputs)}:{pair.page_no}"
-        scale = render_scale(draft.size_pt, defaults.dpi, defaults.max_pixels)
-        side = square_side(*(round(points * scale) for points in draft.size_pt))
         pages.append(BenchPage(page_id, PAGE_KINDS.get(draft.backend, draft.backend), output, drafts, blocks, side))
         log(f"{page_id}: {draft.backend} draft, {len(drafts)} blocks, {len(output)} output chars")
     return pages
@@ -126,6 +157,10 @@ def acceptance(
     rows: Annotated[str, typer.Option(help="Row counts to project, comma-separated (with --profile).")] = "1,2,4,8,16,32,64,128,256,448",
     graph_saving_ms: Annotated[float, typer.Option(help="Per-forward launch time a CUDA-graph plain engine saves against hsd's eager 4 ms (analytic profiles).")] = 3.0,
     sizing: Annotated[Sizing, typer.Option(help="How the projected hsd-cb arm sizes its trees, as `hsd convert --sizing`: per page, or for the whole batch.")] = Sizing.PAGE,
+    recipe: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", help="Price each page's prefill at the picture this recipe renders and decode to its budget, as `hsd convert --recipe` reads (default: the family's default, hsd's 150-dpi render)."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Acceptance in a real model's tokens: forwards and tau of lossless greedy decoding on hsd's
@@ -152,21 +187,24 @@ def acceptance(
     stop_token_id = loaded.convert_tokens_to_ids(end) if end else None
     if stop_token_id is None or stop_token_id == loaded.unk_token_id:
         raise typer.BadParameter(f"{end!r} is not a token of {tokenizer}", param_hint="--end-token")
+    read_by = bench_recipe(recipe, settings)
     if profile is not None:
         row_counts(rows, "--rows")  # a bad --rows fails before any page is drafted
-    pages = draft_bench_pages(outputs, inputs, settings, log=lambda message: print(message, file=sys.stderr))
+    pages = draft_bench_pages(outputs, inputs, settings, read_by, log=lambda message: print(message, file=sys.stderr))
     if not pages:
         print(f"error: no output in {outputs} belongs to a document in {inputs}", file=sys.stderr)
         raise typer.Exit(2)
-    config = DecodeConfig(max_new_tokens=settings.max_new_tokens)
+    config = DecodeConfig(max_new_tokens=read_by.decoding.max_new_tokens)
     report = run_acceptance(pages, loaded, stop_token_id, settings.draft_match, config)
     if profile is not None:
         report["throughput"] = projected_throughput(pages, loaded, stop_token_id, settings.draft_match, config, profile,
                                                     row_counts(rows, "--rows"), graph_saving_ms / 1000, sizing)
     report.update(
         outputs=str(outputs), inputs=str(inputs), tokenizer=tokenizer, family=settings.family,
-        family_match=settings.draft_match, end_token=end, max_new_tokens=settings.max_new_tokens,
+        family_match=settings.draft_match, end_token=end, max_new_tokens=config.max_new_tokens,
     )
+    if recipe is not None:  # the default's report stays as it was before recipes
+        report["recipe"] = read_by.name
     print_table(report, f"hsd bench acceptance: {outputs.name}, {len(pages)} pages, {tokenizer}")
     if json_output:
         print(json.dumps(report, ensure_ascii=False))

@@ -115,7 +115,7 @@ class BenchPage:
     output: str  # the published text
     drafts: tuple[str, ...]  # the page stage's drafts from hsd's draft pipeline
     blocks: tuple[BenchBlock, ...] = ()  # the blocks a region pass could read, where the output has their part
-    side: int = 0  # the page picture's `square_side` as hsd convert renders it (what its prefill costs)
+    side: int = 0  # the `square_side` of the picture the model reads (what its prefill costs)
 
 
 @dataclass(frozen=True)

@@ -162,11 +162,16 @@ def _displayed_size_pt(page: pymupdf.Page) -> tuple[float, float]:
     return (height, width) if page.rotation % 180 else (width, height)
 
 
+def model_picture_size(page: pymupdf.Page, render: Render) -> tuple[int, int]:
+    """(width, height) in pixels of the page as its model's makers render it: the size their rule
+    gives (recipes.sizes.render_size) for the page as it is shown."""
+    return render_size(render, _displayed_size_pt(page))
+
+
 def render_for_model(page: pymupdf.Page, render: Render) -> Image.Image:
-    """The page as its model's makers render it, at the size their rule gives
-    (recipes.sizes.render_size), drawn by PyMuPDF: their renderer's own pixels would differ a
-    little, at the same size (docs/recipes.md)."""
-    width, height = render_size(render, _displayed_size_pt(page))
+    """The page as its model's makers render it, at `model_picture_size`, drawn by PyMuPDF: their
+    renderer's own pixels would differ a little, at the same size (docs/recipes.md)."""
+    width, height = model_picture_size(page, render)
     matrix = pymupdf.Matrix(width / page.rect.width, height / page.rect.height)
     pixmap = page.get_pixmap(matrix=matrix, alpha=False)
     picture = Image.frombytes("RGB", (pixmap.width, pixmap.height), pixmap.samples)

@@ -141,3 +141,39 @@ def test_bench_acceptance_projects_corpus_throughput_on_a_profile(qwen_target, d
     # At a flat price the page's own words as drafts read it in a fraction of generate's forwards.
     assert arms["hsd-1"]["pages_per_s"] > 2 * arms["generate"]["pages_per_s"]
     assert throughput["kinds"]["all"]["by_rows"]["1"] == throughput["kinds"]["born_digital"]["by_rows"]["1"]
+
+
+def test_bench_acceptance_prices_the_prefill_at_the_recipes_picture(qwen_target, docs_dir, tmp_path):
+    from dataclasses import replace
+
+    from hsd_cli.profiles import PrefillCost
+
+    from .test_bench_throughput import flat_profile
+
+    inputs, outputs = tmp_path / "pdfs", tmp_path / "outputs"
+    inputs.mkdir(), outputs.mkdir()
+    shutil.copy(docs_dir / "report.pdf", inputs / "report.pdf")  # A4: 595 x 842 pt
+    (outputs / "report_pg1_repeat1.md").write_text(f"# {fixtures.TITLE}\n\n{fixtures.LEFT_COLUMN}", encoding="utf-8")
+    tokenizer_dir, profile = tmp_path / "tokenizer", tmp_path / "profile.json"
+    qwen_target.tokenizer.save_pretrained(tokenizer_dir)
+    # A prefill costs a microsecond per pixel of the square picture's area; forwards a flat price.
+    by_area = (PrefillCost(100, 10, 100**2 * 1e-6), PrefillCost(4000, 10_000, 4000**2 * 1e-6))
+    profile.write_text(json.dumps(replace(flat_profile("analytic"), prefills=by_area).to_json()))
+    args = ["acceptance", "--outputs", outputs, "--inputs", inputs, "--tokenizer", tokenizer_dir, "--profile", profile,
+            "--rows", "1", "--json"]
+
+    def generate(*recipe):
+        result = CliRunner().invoke(bench_app, [str(a) for a in (*args, *recipe)])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        arm = report["throughput"]["kinds"]["born_digital"]["arms"]["generate"]
+        return report, arm["prefill_share"] / arm["pages_per_s"], arm["decode_pages_per_s"]
+
+    default, default_prefill_s, default_decode = generate()
+    makers, makers_prefill_s, makers_decode = generate("--recipe", "olmocr-2")
+    # hsd's 150 dpi: 1240 x 1754 px, a square of side 1475; olmOCR's longest side 1288: 911 x 1288, side 1083.
+    assert default_prefill_s == pytest.approx(1475**2 * 1e-6, rel=0.01)
+    assert makers_prefill_s == pytest.approx(1083**2 * 1e-6, rel=0.01)
+    assert makers_decode == default_decode, "the same answer in the same steps: only the prefill moves"
+    assert "recipe" not in default and default["max_new_tokens"] == 4096
+    assert makers["recipe"] == "olmocr-2" and makers["max_new_tokens"] == 8000
