@@ -122,31 +122,10 @@ def add_run(result: ArmResult, run: Run) -> None:
     result.outputs.append(run.tokens)
 
 
-def keyed_sampler(sampling, prompt_length: int):
-    """Plain sampling inside `generate` with our keyed draws: a logits processor that samples
-    output position t of row r with the (seed, r, t) generator and leaves only that token possible."""
-    import torch
-    from transformers import LogitsProcessor
-
-    from hsd_cli.decoding.verify import keyed_sample
-
-    class KeyedSampler(LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            position = input_ids.shape[1] - prompt_length
-            chosen = torch.tensor([keyed_sample(row_scores, sampling, row, position) for row, row_scores in enumerate(scores)])
-            return torch.full_like(scores, float("-inf")).scatter(1, chosen[:, None].to(scores.device), 0.0)
-
-    return KeyedSampler()
-
-
 def run_generate(target, image, prompt: str, max_new_tokens: int, sampling, **generate_kwargs) -> Run:
     """One plain `generate` (greedy or keyed sampling; prompt lookup with `prompt_lookup_num_tokens`),
     without the checkpoint's own logit shaping (a repetition penalty and the like)."""
-    from transformers import LogitsProcessorList
-
-    if not sampling.greedy:
-        prompt_length = target.inputs([image], [prompt])["input_ids"].shape[1]
-        generate_kwargs["logits_processor"] = LogitsProcessorList([keyed_sampler(sampling, prompt_length)])
+    generate_kwargs["sampling"] = sampling
     prefill_start = perf_counter()
     target.generate_plainly(image, prompt, 1, **generate_kwargs)
     prefill_s = perf_counter() - prefill_start

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import pymupdf
 import typer
 
 from hsd_cli.models.family_settings import settings_for
@@ -39,7 +38,7 @@ def prompt_ids(tokenizer, messages: list[dict], image_tokens: int) -> list[int]:
     return tokenizer.encode(text.replace("<|image_pad|>", "<|image_pad|>" * image_tokens), add_special_tokens=False)
 
 
-def page_box(doc: pymupdf.Document, page: pymupdf.Page) -> tuple[float, float]:
+def page_box(doc, page) -> tuple[float, float]:
     """The page's MediaBox as pdfinfo and pdftoppm read it, as near as PyMuPDF gives it (its
     short form of a float32: sizes.pdf_box_size), else PyMuPDF's rect where the box is inherited."""
     kind, value = doc.xref_get_key(page.xref, "MediaBox")
@@ -58,6 +57,8 @@ def prompt_tokens(
     recipe: Annotated[str, typer.Option(help="The maker's recipe to compare with hsd's family default.")] = "olmocr-2",
 ) -> None:
     """Prompt tokens per page, hsd today against the maker's recipe."""
+    import pymupdf  # here, not at import: the parent of `hsd convert` imports the benches' CLI
+
     from transformers import AutoTokenizer
 
     qwen2 = AutoTokenizer.from_pretrained(str(tokenizer))
