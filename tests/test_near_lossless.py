@@ -17,6 +17,7 @@ from hsd_cli.decoding import DecodeConfig, DecodeRequest, NearLossless, decode_b
 from hsd_cli.decoding.tree import TokenTree
 from hsd_cli.stages.math_policy import OutsideMath
 from tests.conftest import run_hsd
+from tests.decoding.test_loop import ScriptedTarget
 
 STOP = 0  # NUL ends the output
 VOCAB = 128
@@ -35,40 +36,22 @@ def decode(tokens, skip_special_tokens=True):
     return "".join(chr(t) for t in tokens if t != STOP)
 
 
-class CloseCallTarget:
+class CloseCallTarget(ScriptedTarget):
     """Writes `script` by position (the token at output position t is script[t], EOS past its
     end), every other token within 0.8 of it."""
 
     stop_token_ids = [STOP]
+    vocab = VOCAB
 
     def __init__(self, script):
+        super().__init__(scripts=None)
         self.script = encode(script)
 
-    def logits(self, position):
+    def one_hot(self, row, position):
         pick = self.script[position] if position < len(self.script) else STOP
-        row = torch.full((VOCAB,), math.log(0.8))
-        row[pick] = 0.0
-        return row
-
-    def inputs(self, images, prompts):
-        return {"rows": len(prompts)}
-
-    def prefill(self, inputs):
-        rows = list(range(inputs["rows"]))
-        return SimpleNamespace(rows=rows, cached=[0] * len(rows)), torch.stack([self.logits(0) for _ in rows])
-
-    def forward_tree(self, state, tokens, depths, ancestors, valid=None):
-        logits = torch.stack([
-            torch.stack([self.logits(state.cached[i] + d + 1) for d in depths[i].tolist()]) for i in range(len(state.rows))
-        ])
-        return logits.flatten(0, 1) if valid is None else logits[valid]
-
-    def commit(self, state, width, kept_nodes):
-        state.cached = [cached + len(nodes) for cached, nodes in zip(state.cached, kept_nodes)]
-
-    def keep_rows(self, state, keep):
-        state.rows = [state.rows[i] for i in keep]
-        state.cached = [state.cached[i] for i in keep]
+        scores = torch.full((VOCAB,), math.log(0.8))
+        scores[pick] = 0.0
+        return scores
 
     def encode(self, text):
         return encode(text)
