@@ -16,6 +16,7 @@ from hsd_cli.bench.repetition import GENERATED_LOOPS, LEGITIMATE_STRUCTURES
 from hsd_cli.decoding import repetition_stop
 from hsd_cli.decoding import repetition
 from hsd_cli.decoding.repetition import (
+    NO_ALLOWANCE,
     REPETITION_MAX_UNIT,
     REPETITION_SPAN,
     RepetitionGuard,
@@ -109,9 +110,10 @@ def test_a_loop_is_looked_for_only_after_the_tokens_already_checked():
         assert (loop.stop if loop else None) == first_stop_by_definition(tokens, 24, 6, checked)
 
 
-def guard_stop(tokens, rng, chunk_max=20):
-    """Where RepetitionGuard stops an output fed to it in steps of 1 to chunk_max tokens."""
-    guard, fed = RepetitionGuard(), 0
+def guard_stop(tokens, rng, chunk_max=20, allowance=NO_ALLOWANCE):
+    """Where RepetitionGuard (letting through what `allowance` holds) stops an output fed to it
+    in steps of 1 to chunk_max tokens."""
+    guard, fed = RepetitionGuard(allowance), 0
     while fed < len(tokens):
         fed = min(len(tokens), fed + rng.randint(1, chunk_max))
         stop = guard.stop_after(tokens[:fed])

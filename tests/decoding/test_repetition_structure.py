@@ -16,13 +16,14 @@ from hsd_cli.decoding.repetition import (
     REPETITION_MAX_UNIT,
     REPETITION_SPAN,
     STRUCTURE_MARGIN_UNITS,
-    RepetitionGuard,
     find_repetition,
     loop_at_end,
     repetition_stop,
     structure_allowance,
     unit_key,
 )
+
+from tests.decoding.test_repetition import guard_stop
 
 IDS = json.loads((Path(__file__).parent.parent / "data" / "repetition_qwen2_ids.json").read_text())
 
@@ -79,17 +80,6 @@ def stop_by_definition(tokens, drafts):
     return None
 
 
-def guard_stop(tokens, allowance, rng, chunk_max=20):
-    """Where RepetitionGuard stops an output fed to it in steps of 1 to chunk_max tokens."""
-    guard, fed = RepetitionGuard(allowance), 0
-    while fed < len(tokens):
-        fed = min(len(tokens), fed + rng.randint(1, chunk_max))
-        stop = guard.stop_after(tokens[:fed])
-        if stop is not None:
-            return stop
-    return None
-
-
 def rotated(unit, shift):
     return unit[shift:] + unit[:shift]
 
@@ -108,7 +98,7 @@ def test_the_guard_follows_the_rule_whatever_the_steps():
         tokens = noise(rng.randint(0, 200)) + run + noise(rng.randint(0, 3)) + run[: rng.randint(0, 1500)]
         expected = stop_by_definition(tokens, [draft])
         allowance = structure_allowance([draft, noise(300)])
-        assert guard_stop(tokens, allowance, rng) == expected == repetition_stop(tokens, allowance)
+        assert guard_stop(tokens, rng, allowance=allowance) == expected == repetition_stop(tokens, allowance)
         stopped += expected is not None
         let_through += expected is None and repetition_stop(tokens) is not None
     assert stopped >= 4 and let_through >= 3
@@ -167,7 +157,7 @@ def test_a_structure_the_drafts_hold_is_not_cut(name):
     drafts = [before + after, structure]  # the page's drafts: the structure one block of several
     assert repetition_stop(page, structure_allowance(drafts)) is None
     assert repetition_stop(page) is not None
-    assert guard_stop(page, structure_allowance(drafts), random.Random(8)) is None
+    assert guard_stop(page, random.Random(8), allowance=structure_allowance(drafts)) is None
 
 
 @pytest.mark.parametrize("name", list(DRAFTED_STRUCTURES))
