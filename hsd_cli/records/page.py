@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from hsd_cli.records.blocks import BlockReading
 from hsd_cli.records.kinds import Block, Grounding, PageFlag
 from hsd_cli.records.totals import BaselineCheck, DecodingTotals, RegionResult
 
@@ -26,6 +27,7 @@ class Way(StrEnum):
     PAGE = "page"  # the page stage verifying the pipeline's drafts
     REGION_PAGE = "region-page"  # region passes over some blocks' crops, then the page stage
     PACKED = "packed"  # those region passes in the page stage's forwards
+    BLOCKS = "blocks"  # two steps, as the makers of MinerU2.5, PaddleOCR-VL, GLM-OCR: the layout, then every block's crop, whose readings are the page
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Reading:
     near_lossless: float | None = None  # --near-lossless's TAU where the page stage read with it (None: lossless)
     model_input: ModelInput | None = None  # what the model read: the recipe, the picture's size, the prompt's tokens
     model_text: str | None = None  # the model's text where its recipe's post-processing changed it (`text` is the page's)
+    layout: BlockReading | None = None  # the two-step way's layout step, where the model itself read one
+    blocks: tuple[BlockReading, ...] = ()  # the two-step way's block readings, in reading order
 
     @property
     def reads(self) -> int:
