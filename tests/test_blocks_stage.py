@@ -86,16 +86,31 @@ def test_the_draft_layout_drafts_the_layout_step():
 
 
 @pytest.mark.slow
-def test_convert_reads_a_paddleocr_vl_page_in_two_steps(docs_dir, tmp_path):
+def test_convert_reads_a_paddleocr_vl_page_in_two_steps_as_plain_decoding_would(docs_dir, tmp_path):
     from hsd_cli.models.tiny_families import build_tiny_random
     from hsd_cli.recipes.blocks import PADDLEOCR_VL
 
     model = build_tiny_random("paddleocr_vl", tmp_path / "tiny")
     result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", model, "--recipe", "paddleocr-vl",
-                     "--pages", "1", "--max-new-tokens", "6", "--device", "cpu", "--dtype", "float32")
+                     "--pages", "1", "--max-new-tokens", "6", "--device", "cpu", "--dtype", "float32", "--baseline")
     assert result.exit_code == 0, result.stderr
     page = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]
     blocks = page["stats"]["two_step"]["blocks"]
     assert page["stats"]["model_input"]["recipe"] == "paddleocr-vl" and "layout" not in page["stats"]["two_step"]
     assert blocks and all(b["label"] not in PADDLEOCR_VL.dropped for b in blocks)
     assert page["markdown"] == page_markdown(PADDLEOCR_VL, [(b["label"], b["raw"]) for b in blocks])
+    assert page["stats"]["baseline"]["identical"], "every block read as plain decoding reads its crop"
+    assert page["stats"]["page"]["new_tokens"] == sum(b["counts"]["new_tokens"] for b in blocks)
+
+
+@pytest.mark.slow
+def test_convert_reads_a_mineru_page_in_two_steps_as_plain_decoding_would(docs_dir, tmp_path):
+    from hsd_cli.models.tiny_families import build_tiny_random
+
+    model = build_tiny_random("qwen2_vl", tmp_path / "tiny")
+    result = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "out", "--model", model, "--recipe", "mineru-2.5",
+                     "--pages", "1", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32", "--baseline")
+    assert result.exit_code == 0, result.stderr
+    stats = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]["stats"]
+    assert stats["two_step"]["layout"]["drafted_by"], "the draft's layout drafted the layout step"
+    assert stats["baseline"]["identical"] and stats["model_input"]["image_px"] == [1653, 2339], "200 dpi"

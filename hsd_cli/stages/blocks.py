@@ -141,7 +141,7 @@ def read_blocks(model: Reader, to_read: Sequence[BlockToRead]) -> list[DecodeRes
 def blocks_stage(model: Reader, page: Page, settings: ModelSettings) -> Reading:
     """The page read in two steps by its recipe (`model.recipe.two_step`): the layout, then every
     block in one batch; the page's text is the blocks' by their makers' rules. The page's result
-    holds the blocks' tokens and the counts of every read, the layout step's included."""
+    holds every read's tokens (the layout step's first) and their counts together."""
     two_step = model.recipe.two_step
     layout_result = layout_step(model, page, two_step) if two_step.layout.finder == "vlm" else None
     layout = parse_layout(layout_result.text) if layout_result is not None else draft_layout(page, two_step)
@@ -159,5 +159,22 @@ def blocks_stage(model: Reader, page: Page, settings: ModelSettings) -> Reading:
     every = results + ([layout_result] if layout_result is not None else [])
     stop_reason = "budget" if any(result.stop_reason == "budget" for result in every) else "eos"
     text = page_markdown(two_step, [(reading.label, reading.raw) for reading in readings])
-    page_result = DecodeResult([token for result in results for token in result.tokens], summed(every), stop_reason, text)
+    tokens = [token for result in ([layout_result] if layout_result else []) + results for token in result.tokens]
+    page_result = DecodeResult(tokens, summed(every), stop_reason, text)
     return Reading(result=page_result, front_matter=None, text=text, dialect={}, layout=layout_read, blocks=readings)
+
+
+def plain_reads(model: Reader, picture: Image.Image, read: Reading) -> list[int]:
+    """The tokens plain decoding gives for the same reads as a two-step reading (`--baseline`):
+    the layout step on the page squashed as it was, then each block's picture cut again from
+    `picture` by its box and prompted for its label, in the reading's order."""
+    two_step = model.recipe.two_step
+    budget = model.decode_config.max_new_tokens
+    tokens: list[int] = []
+    if read.layout is not None:
+        squashed = picture.convert("RGB").resize(two_step.layout.image_px, Image.Resampling.BICUBIC)
+        tokens += model.generate_plainly(squashed, two_step.layout.prompt, budget)
+    for block in read.blocks:
+        crop = block_picture(two_step, picture, block.grid, block.angle)
+        tokens += model.generate_plainly(crop, two_step.prompt(block.label), budget)
+    return tokens
