@@ -77,3 +77,16 @@ def test_the_two_step_models_recipes_say_so():
     assert recipe_for("PaddlePaddle/PaddleOCR-VL-1.6").two_step.layout.finder == "pp-doclayout-v3"
     assert recipe_for("zai-org/GLM-OCR").two_step.dropped[:2] == ("header", "footer")
     assert recipe_for("allenai/olmOCR-2-7B-1025").two_step is None
+
+
+def test_a_ground_truth_layout_is_written_as_minerus_answer_in_its_reading_order():
+    from hsd_cli.bench.layout_step import ground_truth_layout
+
+    record = {"page_info": {"width": 200, "height": 100}, "layout_dets": [
+        {"category_type": "text_block", "order": 2, "poly": [20, 50, 180, 50, 180, 90, 20, 90]},
+        {"category_type": "title", "order": 1, "poly": [20, 10, 180, 10, 180, 30, 20, 30]},
+        {"category_type": "text_span", "order": 3, "poly": [0, 0, 1, 0, 1, 1, 0, 1]},
+        {"category_type": "header", "order": 0, "poly": [0, 0, 10, 0, 10, 5, 0, 5], "ignore": True},
+    ]}
+    assert [b.label for b in parse_layout(ground_truth_layout(record))] == ["title", "text"]
+    assert parse_layout(ground_truth_layout(record))[1].grid == (100, 500, 900, 900)

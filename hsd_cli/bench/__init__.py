@@ -4,6 +4,7 @@ import typer
 
 from .acceptance import acceptance
 from .decode import decode
+from .layout_step import layout_step
 from .pipeline_arms import pipeline
 from .prompt_tokens import prompt_tokens
 from .repetition import repetition
@@ -19,6 +20,7 @@ def bench() -> None:
 
 bench_app.command("decode")(decode)
 bench_app.command("acceptance")(acceptance)
+bench_app.command("layout-step")(layout_step)
 bench_app.command("pipeline")(pipeline)
 bench_app.command("prompt-tokens")(prompt_tokens)
 bench_app.command("repetition")(repetition)
