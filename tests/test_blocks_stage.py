@@ -114,3 +114,41 @@ def test_convert_reads_a_mineru_page_in_two_steps_as_plain_decoding_would(docs_d
     stats = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]["stats"]
     assert stats["two_step"]["layout"]["drafted_by"], "the draft's layout drafted the layout step"
     assert stats["baseline"]["identical"] and stats["model_input"]["image_px"] == [1653, 2339], "200 dpi"
+
+
+@pytest.fixture(scope="module")
+def tiny_layout(tmp_path_factory):
+    from hsd_cli.models.tiny_layout import build_tiny_layout
+
+    return build_tiny_layout(tmp_path_factory.mktemp("tiny_pp_doclayout_v3"))
+
+
+@pytest.mark.slow
+def test_a_layout_model_from_a_directory_finds_blocks_in_reading_order(tiny_layout):
+    from hsd_cli.models.layout import LayoutModel
+    from hsd_cli.models.tiny_layout import PP_DOCLAYOUT_V3_LABELS
+
+    found = LayoutModel(tiny_layout, threshold=0.0).blocks(_page().picture)
+    assert len(found) == 12, "the best 12 of (query, class) at threshold 0, as transformers' post-processing"
+    assert all(0 <= b.score <= 1 and b.label in PP_DOCLAYOUT_V3_LABELS for b in found)
+    assert LayoutModel(tiny_layout, threshold=1.0).blocks(_page().picture) == []
+
+
+@pytest.mark.slow
+def test_paddleocr_vl_16_reads_the_blocks_its_layout_model_finds_as_plain_decoding_would(tiny_layout, tmp_path):
+    from hsd_cli.models.layout import LayoutModel
+    from hsd_cli.models.tiny_families import build_tiny_random
+    from hsd_cli.serving.model import VlmModel
+    from hsd_cli.stages.blocks import blocks_stage, plain_reads
+    from tests.fixtures import model_config
+
+    path = build_tiny_random("paddleocr_vl", tmp_path / "tiny")
+    model = VlmModel(model_config(path, recipe="paddleocr-vl-1.6", dtype="float32", max_new_tokens=4, device="cpu"))
+    layout = LayoutModel(tiny_layout, threshold=0.0)  # a random model's scores are its prior, 1/26
+    page = _page()
+    reading = blocks_stage(model, page, model.settings, layout.blocks)
+    two_step = model.recipe.two_step
+    read = [b for b in layout.blocks(page.picture) if two_step.reads(b.label)]
+    assert reading.blocks and len(reading.blocks) <= len(read)
+    assert all(b.label in {r.label for r in read} for b in reading.blocks)
+    assert reading.result.tokens == plain_reads(model, page.picture, reading)

@@ -90,3 +90,20 @@ def test_a_ground_truth_layout_is_written_as_minerus_answer_in_its_reading_order
     ]}
     assert [b.label for b in parse_layout(ground_truth_layout(record))] == ["title", "text"]
     assert parse_layout(ground_truth_layout(record))[1].grid == (100, 500, 900, 900)
+
+
+def test_a_layout_models_detections_come_in_its_reading_order_above_the_threshold():
+    import torch
+
+    from hsd_cli.models.layout import found_blocks, reading_ranks
+    from hsd_cli.stages.blocks import found_layout
+
+    # Three queries, two classes; the order head says query 2 reads first, then 0, then 1.
+    order = torch.tensor([[[0.0, 9.0, -9.0], [-9.0, 0.0, -9.0], [9.0, 9.0, 0.0]]])
+    assert reading_ranks(order).tolist() == [[1, 2, 0]]
+    logits = torch.tensor([[[5.0, -9.0], [-9.0, 4.0], [-9.0, -1.0]]])
+    boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2], [0.5, 0.1, 1.0, 0.2], [0.25, 0.75, 0.5, 0.5]]])
+    found = found_blocks(logits, boxes, order, (200, 100), {0: "text", 1: "table"}, threshold=0.3)
+    assert [b.label for b in found] == ["text", "table"], "the third query is under the threshold"
+    assert [b.box for b in found] == [pytest.approx((80.0, 40.0, 120.0, 60.0)), pytest.approx((0.0, 0.0, 200.0, 20.0))]
+    assert [b.grid for b in found_layout(found, (200, 100))] == [(400, 400, 600, 600), (0, 0, 1000, 200)]

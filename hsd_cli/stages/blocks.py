@@ -13,7 +13,7 @@ stage verifies a crop: the same lossless decoding, knowing nothing about trees.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,8 +21,9 @@ from PIL import Image
 
 from hsd_cli.decoding import DecodeRequest, DecodeResult, DecodeStats
 from hsd_cli.models.family_settings import ModelSettings
+from hsd_cli.models.layout import FoundBlock
 from hsd_cli.recipes.block_text import block_text, page_markdown
-from hsd_cli.recipes.blocks import block_picture
+from hsd_cli.recipes.blocks import block_picture, grid_box
 from hsd_cli.recipes.mineru_layout import LayoutBlock, layout_text, parse_layout
 from hsd_cli.recipes.otsl import html_to_otsl
 from hsd_cli.recipes.recipe import TwoStep
@@ -83,6 +84,13 @@ def draft_layout(page: Page, two_step: TwoStep) -> list[LayoutBlock]:
     return parse_layout(layout_text(page.blocks, page.size_pt, two_step))
 
 
+def found_layout(found: Sequence[FoundBlock], size: tuple[int, int]) -> list[LayoutBlock]:
+    """A layout model's blocks (boxes in the pixels of a picture of `size`) on the 0-1000 grid,
+    as glmocr's layout detector writes them; boxes empty on the grid left out."""
+    grids = ((block.label, tuple(min(1000, max(0, v)) for v in grid_box(block.box, size))) for block in found)
+    return [LayoutBlock(label, grid, 0) for label, grid in grids if grid[0] < grid[2] and grid[1] < grid[3]]
+
+
 def blocks_to_read(page: Page, layout: Sequence[LayoutBlock], two_step: TwoStep, settings: ModelSettings) -> list[BlockToRead]:
     """The layout's blocks the maker reads, each with its picture, prompt and drafts."""
     picture = page.model_view
@@ -138,13 +146,21 @@ def read_blocks(model: Reader, to_read: Sequence[BlockToRead]) -> list[DecodeRes
     return model.decode_batch(requests, sizer=model.sizer(largest))
 
 
-def blocks_stage(model: Reader, page: Page, settings: ModelSettings) -> Reading:
-    """The page read in two steps by its recipe (`model.recipe.two_step`): the layout, then every
+def blocks_stage(
+    model: Reader, page: Page, settings: ModelSettings, layout_model: Callable[[Image.Image], list[FoundBlock]] | None = None,
+) -> Reading:
+    """The page read in two steps by its recipe (`model.recipe.two_step`): the layout (the model's
+    own step, else `layout_model`'s blocks of the page's picture, else the draft's), then every
     block in one batch; the page's text is the blocks' by their makers' rules. The page's result
     holds every read's tokens (the layout step's first) and their counts together."""
     two_step = model.recipe.two_step
     layout_result = layout_step(model, page, two_step) if two_step.layout.finder == "vlm" else None
-    layout = parse_layout(layout_result.text) if layout_result is not None else draft_layout(page, two_step)
+    if layout_result is not None:
+        layout = parse_layout(layout_result.text)
+    elif layout_model is not None:
+        layout = found_layout(layout_model(page.model_view), page.model_view.size)
+    else:
+        layout = draft_layout(page, two_step)
     to_read = blocks_to_read(page, layout, two_step, settings)
     results = read_blocks(model, to_read)
     readings = tuple(
