@@ -80,7 +80,7 @@ def test_the_two_step_models_recipes_say_so():
 
 
 def test_a_ground_truth_layout_is_written_as_minerus_answer_in_its_reading_order():
-    from hsd_cli.bench.layout_step import ground_truth_layout
+    from hsd_cli.bench.two_step import ground_truth_blocks, ground_truth_layout
 
     record = {"page_info": {"width": 200, "height": 100}, "layout_dets": [
         {"category_type": "text_block", "order": 2, "poly": [20, 50, 180, 50, 180, 90, 20, 90]},
@@ -90,6 +90,10 @@ def test_a_ground_truth_layout_is_written_as_minerus_answer_in_its_reading_order
     ]}
     assert [b.label for b in parse_layout(ground_truth_layout(record))] == ["title", "text"]
     assert parse_layout(ground_truth_layout(record))[1].grid == (100, 500, 900, 900)
+    record["layout_dets"][0]["text"] = "Body."
+    record["layout_dets"].append({"category_type": "equation_isolated", "order": 4, "latex": "$$\nx^2\n$$", "poly": [20, 92, 180, 92, 180, 99, 20, 99]})
+    assert ground_truth_blocks(record) == [("text", (100, 500, 900, 900), "Body."), ("equation", (100, 920, 900, 990), "x^2")], (
+        "the title has no text to read; the formula is read bare")
 
 
 def test_a_layout_models_detections_come_in_its_reading_order_above_the_threshold():

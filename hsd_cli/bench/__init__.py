@@ -4,11 +4,11 @@ import typer
 
 from .acceptance import acceptance
 from .decode import decode
-from .layout_step import layout_step
 from .pipeline_arms import pipeline
 from .prompt_tokens import prompt_tokens
 from .repetition import repetition
 from .throughput import throughput
+from .two_step import two_step
 
 bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding, and acceptance in a real model's tokens.", no_args_is_help=True)
 
@@ -20,8 +20,8 @@ def bench() -> None:
 
 bench_app.command("decode")(decode)
 bench_app.command("acceptance")(acceptance)
-bench_app.command("layout-step")(layout_step)
 bench_app.command("pipeline")(pipeline)
 bench_app.command("prompt-tokens")(prompt_tokens)
 bench_app.command("repetition")(repetition)
 bench_app.command("throughput")(throughput)
+bench_app.command("two-step")(two_step)

@@ -58,13 +58,14 @@ def answer_drafts(block: Block, two_step: TwoStep, settings: ModelSettings) -> l
     if block.kind is BlockKind.TABLE and two_step.table_format == "otsl" and block.html:
         return [otsl] if (otsl := html_to_otsl(block.html)) else []
     if block.kind is BlockKind.FORMULA:
-        return [_bare_latex(block.text)]
+        return [bare_latex(block.text)]
     if block.kind in (BlockKind.TITLE, BlockKind.SECTION_HEADER):
         return [plain_text(block.text, settings.emphasis)]
     return block_drafts(block, settings)
 
 
-def _bare_latex(text: str) -> str:
+def bare_latex(text: str) -> str:
+    """A formula without its display or inline delimiters, as the model answers a formula's crop."""
     text = text.strip()
     for left, right in (("$$", "$$"), ("\\[", "\\]"), ("$", "$")):
         if text.startswith(left) and text.endswith(right) and len(text) >= len(left) + len(right):
