@@ -111,3 +111,13 @@ def test_a_layout_models_detections_come_in_its_reading_order_above_the_threshol
     assert [b.label for b in found] == ["text", "table"], "the third query is under the threshold"
     assert [b.box for b in found] == [pytest.approx((80.0, 40.0, 120.0, 60.0)), pytest.approx((0.0, 0.0, 200.0, 20.0))]
     assert [b.grid for b in found_layout(found, (200, 100))] == [(400, 400, 600, 600), (0, 0, 1000, 200)]
+
+
+def test_a_ground_truth_block_empty_on_the_grid_does_not_shift_the_others():
+    from hsd_cli.bench.two_step import ground_truth_blocks
+
+    record = {"page_info": {"width": 2000, "height": 1000}, "layout_dets": [
+        {"category_type": "text_block", "order": 1, "text": "gone", "poly": [10, 10, 11, 10, 11, 11, 10, 11]},
+        {"category_type": "table", "order": 2, "html": "<table><tr><td>a</td></tr></table>", "poly": [0, 0, 2000, 0, 2000, 500, 0, 500]},
+    ]}
+    assert ground_truth_blocks(record) == [("table", (0, 0, 1000, 500), "<fcel>a<nl>")]

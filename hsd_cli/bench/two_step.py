@@ -31,13 +31,13 @@ OMNIDOCBENCH_TYPES = {
 MINERU_LAYOUT_TOKENS = ["<|ref_start|>", "<|ref_end|>", "<|rotate_up|>", "<|rotate_right|>", "<|rotate_down|>", "<|rotate_left|>"]
 
 
-def ground_truth_layout(record: dict[str, Any]) -> str:
-    """An OmniDocBench page's layout, in reading order, as MinerU's layout answer."""
+def laid_out(record: dict[str, Any]) -> list[tuple[dict[str, Any], str, tuple[int, int, int, int]]]:
+    """An OmniDocBench page's blocks MinerU writes, in reading order, each with its MinerU label and
+    its box on the 0-1000 grid (blocks empty on the grid left out, as MinerU's parser drops them)."""
     from hsd_cli.recipes.blocks import grid_box
-    from hsd_cli.recipes.mineru_layout import layout_line
 
     size = (record["page_info"]["width"], record["page_info"]["height"])
-    lines = []
+    kept = []
     for block in sorted(record["layout_dets"], key=lambda block: block.get("order") or 0):
         label = OMNIDOCBENCH_TYPES.get(block["category_type"])
         if label is None or block.get("ignore"):
@@ -45,26 +45,32 @@ def ground_truth_layout(record: dict[str, Any]) -> str:
         xs, ys = block["poly"][0::2], block["poly"][1::2]
         grid = tuple(min(1000, max(0, value)) for value in grid_box((min(xs), min(ys), max(xs), max(ys)), size))
         if grid[0] < grid[2] and grid[1] < grid[3]:
-            lines.append(layout_line(label, grid))
-    return "\n".join(lines)
+            kept.append((block, label, grid))
+    return kept
+
+
+def ground_truth_layout(record: dict[str, Any]) -> str:
+    """An OmniDocBench page's layout as MinerU's layout answer."""
+    from hsd_cli.recipes.mineru_layout import layout_line
+
+    return "\n".join(layout_line(label, grid) for _, label, grid in laid_out(record))
 
 
 def ground_truth_blocks(record: dict[str, Any]) -> list[tuple[str, tuple[int, int, int, int], str]]:
     """The blocks MinerU2.5 reads of an OmniDocBench page, in reading order: (label, box on the
-    0-1000 grid, the ground truth in MinerU's dialect)."""
+    0-1000 grid, the ground truth in MinerU's dialect: tables in OTSL, formulas bare)."""
     from hsd_cli.recipes.blocks import MINERU_2_5
-    from hsd_cli.recipes.mineru_layout import parse_layout
     from hsd_cli.recipes.otsl import html_to_otsl
     from hsd_cli.stages.blocks import bare_latex
 
     answers = []
-    blocks = (b for b in sorted(record["layout_dets"], key=lambda b: b.get("order") or 0) if b["category_type"] in OMNIDOCBENCH_TYPES and not b.get("ignore"))
-    for block, found in zip(blocks, parse_layout(ground_truth_layout(record))):
-        if MINERU_2_5.reads(found.label):
-            answer = html_to_otsl(block.get("html", "")) if found.label == "table" else (
-                bare_latex(block.get("latex", "")) if found.label == "equation" else block.get("text", ""))
-            if answer.strip():
-                answers.append((found.label, found.grid, answer))
+    for block, label, grid in laid_out(record):
+        if not MINERU_2_5.reads(label):
+            continue
+        answer = (html_to_otsl(block.get("html", "")) if label == "table"
+                  else bare_latex(block.get("latex", "")) if label == "equation" else block.get("text", ""))
+        if answer.strip():
+            answers.append((label, grid, answer))
     return answers
 
 
@@ -113,7 +119,7 @@ def two_step(
         print(f"{path.name}: {len(draft.blocks)} draft blocks", file=sys.stderr)
     target = OracleTarget(loaded, answers, [stop])
     config = DecodeConfig(max_new_tokens=4096)
-    rows = {key: step_counts(simulate(target, key, drafts[key], "tokens", config)) for key in answers}
+    rows = {key: step_counts(simulate(target, key, drafts[key], settings.draft_match, config)) for key in answers}
     pages = [{"page": key, **counts} for key, counts in rows.items() if key not in labels]
     blocks = [{"block": key, "label": labels[key], **counts} for key, counts in rows.items() if key in labels]
     report = {
