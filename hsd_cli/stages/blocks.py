@@ -173,11 +173,10 @@ def blocks_stage(
         LAYOUT_LABEL, (0, 0, 1000, 1000), layout_result.text, "", layout_result.stop_reason, layout_result.stats,
         tuple(block.id for block in page.blocks),
     )
-    every = results + ([layout_result] if layout_result is not None else [])
+    every = ([layout_result] if layout_result is not None else []) + results
     stop_reason = "budget" if any(result.stop_reason == "budget" for result in every) else "eos"
     text = page_markdown(two_step, [(reading.label, reading.raw) for reading in readings])
-    tokens = [token for result in ([layout_result] if layout_result else []) + results for token in result.tokens]
-    page_result = DecodeResult(tokens, summed(every), stop_reason, text)
+    page_result = DecodeResult([token for result in every for token in result.tokens], summed(every), stop_reason, text)
     return Reading(result=page_result, front_matter=None, text=text, dialect={}, layout=layout_read, blocks=readings)
 
 
