@@ -121,3 +121,17 @@ def test_a_ground_truth_block_empty_on_the_grid_does_not_shift_the_others():
         {"category_type": "table", "order": 2, "html": "<table><tr><td>a</td></tr></table>", "poly": [0, 0, 2000, 0, 2000, 500, 0, 500]},
     ]}
     assert ground_truth_blocks(record) == [("table", (0, 0, 1000, 500), "<fcel>a<nl>")]
+
+
+def test_hsd_models_says_which_known_models_read_a_page_in_two_steps():
+    import json
+
+    from tests.conftest import run_hsd
+
+    result = run_hsd("models", "--json")
+    assert result.exit_code == 0, result.output
+    reads = {m["id"]: (m["recipe"], m["reads"]) for f in json.loads(result.stdout)["families"] for m in f["models"]}
+    assert reads["opendatalab/MinerU2.5-2509-1.2B"] == ("mineru-2.5", "two steps (layout by vlm, then blocks)")
+    assert reads["PaddlePaddle/PaddleOCR-VL-1.6"] == ("paddleocr-vl-1.6", "two steps (layout by pp-doclayout-v3, then blocks)")
+    assert reads["zai-org/GLM-OCR"][1].startswith("two steps") and reads["allenai/olmOCR-2-7B-1025"][1] == "one pass"
+    assert all(read in ("one pass",) or read.startswith("two steps") for _, read in reads.values())
