@@ -51,7 +51,8 @@ def _plain(model, picture: Image.Image, prompt: str) -> str:
 
 @pytest.mark.slow
 def test_the_layout_step_and_every_block_read_as_plain_decoding_reads_them(mineru):
-    from hsd_cli.stages.blocks import blocks_stage, blocks_to_read, draft_layout, read_blocks
+    from hsd_cli.recipes.mineru_layout import draft_layout
+    from hsd_cli.stages.blocks import blocks_stage, blocks_to_read, read_blocks
 
     page = _page()
     reading = blocks_stage(mineru, page, mineru.settings)
@@ -60,7 +61,7 @@ def test_the_layout_step_and_every_block_read_as_plain_decoding_reads_them(miner
     assert reading.layout.drafted_by == ("t", "p", "x", "f")
     assert reading.blocks == () or reading.text, "a random model's layout answer finds blocks, or none"
     # The blocks of the draft's layout (a layout model's stand-in), read in one batch.
-    to_read = blocks_to_read(page, draft_layout(page, MINERU_2_5), MINERU_2_5, mineru.settings)
+    to_read = blocks_to_read(page, draft_layout(page.blocks, page.size_pt, MINERU_2_5), MINERU_2_5, mineru.settings)
     assert [(b.label, b.prompt) for b in to_read] == [
         ("title", "\nText Recognition:"), ("text", "\nText Recognition:"), ("table", "\nTable Recognition:"),
     ], "the footer is dropped by MinerU's Markdown: never read"
@@ -70,10 +71,11 @@ def test_the_layout_step_and_every_block_read_as_plain_decoding_reads_them(miner
 
 
 def test_a_block_drafted_by_the_models_own_reading_accepts_it_and_reads_the_same(mineru):
-    from hsd_cli.stages.blocks import blocks_to_read, draft_layout, read_blocks
+    from hsd_cli.recipes.mineru_layout import draft_layout
+    from hsd_cli.stages.blocks import blocks_to_read, read_blocks
 
     page = _page()
-    to_read = blocks_to_read(page, draft_layout(page, MINERU_2_5), MINERU_2_5, mineru.settings)
+    to_read = blocks_to_read(page, draft_layout(page.blocks, page.size_pt, MINERU_2_5), MINERU_2_5, mineru.settings)
     first = read_blocks(mineru, to_read)
     again = read_blocks(mineru, [replace(b, drafts=(r.text,)) for b, r in zip(to_read, first)])
     assert [r.tokens for r in again] == [r.tokens for r in first]
@@ -97,7 +99,8 @@ def test_convert_reads_a_paddleocr_vl_page_in_two_steps_as_plain_decoding_would(
     page = json.loads((tmp_path / "out" / "report.json").read_text())["pages"][0]
     blocks = page["stats"]["two_step"]["blocks"]
     assert page["stats"]["model_input"]["recipe"] == "paddleocr-vl" and "layout" not in page["stats"]["two_step"]
-    assert blocks and all(b["label"] not in PADDLEOCR_VL.dropped for b in blocks)
+    assert [b["label"] for b in blocks] == ["paragraph_title", "paragraph_title", "text", "text", "text", "text", "text"], (
+        "the draft's section headers and text, in the layout model's labels")
     assert page["markdown"] == page_markdown(PADDLEOCR_VL, [(b["label"], b["raw"]) for b in blocks])
     assert page["stats"]["baseline"]["identical"], "every block read as plain decoding reads its crop"
     assert page["stats"]["page"]["new_tokens"] == sum(b["counts"]["new_tokens"] for b in blocks)

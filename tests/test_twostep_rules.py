@@ -61,6 +61,15 @@ def test_the_draft_layout_as_mineru_layout_reads_back_as_the_same_blocks():
     assert parse_layout(layout_line("text", (1, 2, 3, 4), 270) + "\nnoise") [0].angle == 270
 
 
+def test_the_draft_layout_in_a_layout_models_labels_keeps_every_kind_it_reads():
+    from hsd_cli.recipes.mineru_layout import draft_layout
+
+    blocks = (Block("h", BlockKind.SECTION_HEADER, (61.2, 39.6, 306.0, 60.0), 0, "", None, "ocr"),
+              Block("f", BlockKind.FORMULA, (61.2, 79.2, 550.8, 99.0), 1, "", None, "ocr"))
+    assert [b.label for b in draft_layout(blocks, (612.0, 792.0), GLM_OCR)] == ["paragraph_title", "display_formula"]
+    assert all(GLM_OCR.reads(b.label) for b in draft_layout(blocks, (612.0, 792.0), GLM_OCR))
+
+
 def test_crops_follow_each_makers_rule():
     page = Image.new("RGB", (1000, 2000), "white")
     assert grid_box((10.0, 20.0, 30.0, 40.0), (100, 200)) == (100, 100, 300, 200)

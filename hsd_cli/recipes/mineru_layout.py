@@ -45,16 +45,21 @@ def layout_line(label: str, grid: tuple[int, int, int, int], angle: int = 0) -> 
     return f"<|box_start|>{x0} {y0} {x1} {y1}<|box_end|><|ref_start|>{label}<|ref_end|>{rotation}"
 
 
-def layout_text(blocks: Sequence[Block], page_size_pt: tuple[float, float], two_step: TwoStep = MINERU_2_5) -> str:
-    """hsd's draft layout (boxes in points, in reading order) as MinerU's layout answer: each
-    block's maker label and its box on the 0-1000 grid of the page, upright. Boxes that come out
-    empty on the grid are left out, as MinerU's parser would drop them."""
-    lines = []
+def draft_layout(blocks: Sequence[Block], page_size_pt: tuple[float, float], two_step: TwoStep = MINERU_2_5) -> list[LayoutBlock]:
+    """hsd's draft layout (boxes in points, in reading order) as a maker's layout: each block's
+    maker label and its box on the 0-1000 grid of the page, upright. Boxes that come out empty on
+    the grid are left out, as MinerU's parser would drop them."""
+    found = []
     for block in sorted(blocks, key=lambda block: block.order):
         grid = _clamped(grid_box(block.bbox, page_size_pt))
         if grid[0] < grid[2] and grid[1] < grid[3]:
-            lines.append(layout_line(two_step.label(block.kind), grid))
-    return "\n".join(lines)
+            found.append(LayoutBlock(two_step.label(block.kind), grid, 0))
+    return found
+
+
+def layout_text(blocks: Sequence[Block], page_size_pt: tuple[float, float], two_step: TwoStep = MINERU_2_5) -> str:
+    """hsd's draft layout written as MinerU's layout answer: what drafts its layout step."""
+    return "\n".join(layout_line(found.label, found.grid) for found in draft_layout(blocks, page_size_pt, two_step))
 
 
 def _clamped(grid: tuple[int, int, int, int]) -> tuple[int, int, int, int]:

@@ -24,7 +24,7 @@ from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.models.layout import FoundBlock
 from hsd_cli.recipes.block_text import block_text, page_markdown
 from hsd_cli.recipes.blocks import block_picture, grid_box
-from hsd_cli.recipes.mineru_layout import LayoutBlock, layout_text, parse_layout
+from hsd_cli.recipes.mineru_layout import LayoutBlock, draft_layout, layout_text, parse_layout
 from hsd_cli.recipes.otsl import html_to_otsl
 from hsd_cli.recipes.recipe import TwoStep
 from hsd_cli.records.blocks import BlockReading
@@ -78,11 +78,6 @@ def inside(block: Block, grid: tuple[int, int, int, int], page_size_pt: tuple[fl
     x0, y0, x1, y1 = block.bbox
     cx, cy = (x0 + x1) / 2 / page_size_pt[0] * 1000, (y0 + y1) / 2 / page_size_pt[1] * 1000
     return grid[0] <= cx <= grid[2] and grid[1] <= cy <= grid[3]
-
-
-def draft_layout(page: Page, two_step: TwoStep) -> list[LayoutBlock]:
-    """hsd's draft layout in the maker's labels and grid: what a layout model would have found."""
-    return parse_layout(layout_text(page.blocks, page.size_pt, two_step))
 
 
 def found_layout(found: Sequence[FoundBlock], size: tuple[int, int]) -> list[LayoutBlock]:
@@ -161,7 +156,7 @@ def blocks_stage(
     elif layout_model is not None:
         layout = found_layout(layout_model(page.model_view), page.model_view.size)
     else:
-        layout = draft_layout(page, two_step)
+        layout = draft_layout(page.blocks, page.size_pt, two_step)  # standing in for the layout model
     to_read = blocks_to_read(page, layout, two_step, settings)
     results = read_blocks(model, to_read)
     readings = tuple(
