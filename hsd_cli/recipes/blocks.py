@@ -13,7 +13,6 @@ postprocess/result_formatter.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from PIL import Image
 
