@@ -252,3 +252,21 @@ def test_olmocr_prompt_token_ids_are_olmocrs(docs_dir, tmp_path, qwen2_tokenizer
                 assert ours == prompt_ids(qwen2_tokenizer, makers_olmocr_messages(recipe.prompt.text), image_tokens), pdf.name
                 checked += 1
     assert checked >= 3
+
+
+def test_render_diff_measures_pdftoppm_against_pymupdf_at_the_same_size(docs_dir):
+    if shutil.which("pdftoppm") is None:
+        pytest.skip("needs poppler's pdftoppm")
+    from hsd_cli.bench.render_diff import pdftoppm_render, pixel_difference
+    from hsd_cli.stages.rasterize import render_for_model
+
+    with pymupdf.open(docs_dir / "report.pdf") as doc:
+        ours = render_for_model(doc[0], recipe_for("olmocr-2").render)
+    theirs = pdftoppm_render(docs_dir / "report.pdf", 1, ours.size)
+    assert theirs.size == ours.size
+    same = pixel_difference(ours, ours)
+    assert same["mean_abs"] == same["over_32"] == same["ink_only_hsd"] == 0.0
+    measured = pixel_difference(ours, theirs)
+    assert 0 < measured["mean_abs"] < 20 and measured["ink"] > 0.005, "the same page, drawn by two renderers"
+    shifted = pixel_difference(ours.transpose(Image.Transpose.FLIP_TOP_BOTTOM), theirs)
+    assert shifted["ink_only_hsd"] > measured["ink_only_hsd"], "another page is far"
