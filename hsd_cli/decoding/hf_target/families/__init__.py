@@ -8,7 +8,7 @@ from __future__ import annotations
 from .base import IMAGE_FIRST, ChatLayout, FamilyAdapter
 from .deepseek_ocr2 import DeepseekOcr2Adapter
 from .kosmos2_5 import Kosmos25Adapter
-from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter
+from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter, Qwen35Adapter
 from .one_d import GotOcr2Adapter, Idefics3Adapter, LightOnOcrAdapter, QianfanOcrAdapter, got_ocr2_image_tokens
 
 __all__ = ["ADAPTERS", "IMAGE_FIRST", "REFUSED", "ChatLayout", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
@@ -16,7 +16,7 @@ __all__ = ["ADAPTERS", "IMAGE_FIRST", "REFUSED", "ChatLayout", "FamilyAdapter", 
 ADAPTERS: dict[str, FamilyAdapter] = {
     t: a
     for a in (
-        Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
+        Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), Qwen35Adapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
         Idefics3Adapter(), LightOnOcrAdapter(), QianfanOcrAdapter(), GotOcr2Adapter(),
         Kosmos25Adapter(), DeepseekOcr2Adapter(),
     )
@@ -40,7 +40,6 @@ REFUSED: dict[str, str] = {
     "minicpm_ocr": _gated_deltanet("qwen3_5_text"),
     "minicpmv4_6": _gated_deltanet("qwen3_5_text"),
     "minicpmv4_7": _gated_deltanet("qwen3_5_text"),
-    "qwen3_5": _gated_deltanet("qwen3_5_text"),
     "qwen3_5_moe": _gated_deltanet("qwen3_5_moe_text"),
 }
 
