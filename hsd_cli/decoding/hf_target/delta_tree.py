@@ -50,13 +50,15 @@ def conv_sources(parents: torch.Tensor, depths: torch.Tensor, kernel: int) -> to
 
 def tree_conv(inputs: torch.Tensor, cached: torch.Tensor, sources: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     """The depthwise causal conv over the tree: inputs (B, C, N), cached (B, C, kernel), sources
-    from `conv_sources`, weight (C, kernel). (B, C, N), before the activation, in weight's dtype."""
-    sequence = torch.cat([cached, inputs], dim=-1).to(weight.dtype)
+    from `conv_sources`, weight (C, kernel). (B, C, N), before the activation, in weight's dtype:
+    summed in fp32 and rounded once, as conv kernels accumulate (bf16 products summed in bf16
+    would round at every tap)."""
+    sequence = torch.cat([cached, inputs], dim=-1).to(weight.dtype).float()
     rows, channels, width = inputs.shape
     index = sources.reshape(rows, 1, -1).expand(-1, channels, -1).to(sequence.device)
     windows = sequence.gather(2, index).reshape(rows, channels, width, -1)
-    out = (windows * weight[None, :, None, :]).sum(-1)
-    return out if bias is None else out + bias[None, :, None]
+    out = (windows * weight.float()[None, :, None, :]).sum(-1)
+    return (out if bias is None else out + bias.float()[None, :, None]).to(weight.dtype)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
