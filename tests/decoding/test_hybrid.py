@@ -95,6 +95,9 @@ def test_rows_of_different_path_lengths_commit_together(tree_inputs):
         _, expected = sequential(tree_inputs, path)
         assert (state[row] - expected[0]).abs().max().item() < 1e-5
         assert torch.equal(conv[row], torch.cat([tree_inputs["cached"], tree_inputs["conv_inputs"][:, :, path]], -1)[0, :, -KERNEL:])
+    # A row that keeps no node (as `hsd profile` puts a measured forward back) keeps its states.
+    state, conv = path_states(record, doubled["state"], doubled["cached"], torch.tensor([[0, 1], [0, 0]]), torch.tensor([2, 0]))
+    assert torch.equal(state[1], doubled["state"][1]) and torch.equal(conv[1], doubled["cached"][1])
 
 
 def test_each_nodes_conv_window_is_its_ancestors_then_the_cached_inputs(tree_inputs):

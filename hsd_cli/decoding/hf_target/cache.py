@@ -114,8 +114,10 @@ def commit_linear_states(state: BatchState, paths: Sequence[Sequence[int]]) -> N
     """Each linear-attention layer's conv and recurrent states after each row's accepted path
     (tree node indices from the root down), rebuilt from the tree forward's records."""
     records, state.linear_records = state.linear_records, None
-    lengths = torch.tensor([len(path) for path in paths])
-    index = torch.tensor([list(path) + [0] * (int(lengths.max()) - len(path)) for path in paths])
+    lengths = torch.tensor([len(path) for path in paths], dtype=torch.long)
+    if not int(lengths.max()):
+        return  # nothing kept (as `hsd profile` puts a measured forward back): the states as they were
+    index = torch.tensor([list(path) + [0] * (int(lengths.max()) - len(path)) for path in paths], dtype=torch.long)
     for layer_index, record in records.items():
         layer = state.cache.layers[layer_index]
         layer.recurrent_states[0], layer.conv_states[0] = path_states(

@@ -101,7 +101,8 @@ def path_states(record: NodeRecord, state: torch.Tensor, conv: torch.Tensor, pat
     """The recurrent and conv states after each row's accepted path, rebuilt from `record`.
 
     state: (B, heads, key_dim, value_dim) and conv: (B, channels, kernel), as cached before the
-    tree; paths: (B, M) node indices from the root down, each row's first `lengths` valid.
+    tree; paths: (B, M) node indices from the root down, each row's first `lengths` valid (none:
+    the row's states stay as they were).
     S_n = exp(G_n) S_0 + sum over the path's nodes j of exp(G_n - G_j) k_j^T delta_j; the conv
     keeps the last `kernel` inputs of the cached ones followed by the path's.
     """
@@ -114,7 +115,8 @@ def path_states(record: NodeRecord, state: torch.Tensor, conv: torch.Tensor, pat
     keys = record.keys.gather(2, node_index[..., None].expand(-1, -1, -1, record.keys.shape[-1]))
     deltas = record.deltas.gather(2, node_index[..., None].expand(-1, -1, -1, record.deltas.shape[-1]))
     decays = record.decays.gather(2, node_index)  # (B, heads, M)
-    last = decays.gather(2, (lengths - 1)[:, None, None].expand(-1, heads, 1))  # (B, heads, 1)
+    last = decays.gather(2, (lengths - 1).clamp(min=0)[:, None, None].expand(-1, heads, 1))  # (B, heads, 1)
+    last = last.masked_fill((lengths == 0)[:, None, None], 0.0)  # a row that keeps no node keeps its states
     weights = (last - decays).masked_fill(~on_path[:, None, :], float("-inf")).exp()
     new_state = state.to(torch.float32) * last.exp()[..., None] + (keys * weights[..., None]).transpose(-1, -2) @ deltas
     kernel = conv.shape[-1]
