@@ -40,7 +40,6 @@ REFUSED: dict[str, str] = {
     "minicpm_ocr": _gated_deltanet("qwen3_5_text"),
     "minicpmv4_6": _gated_deltanet("qwen3_5_text"),
     "minicpmv4_7": _gated_deltanet("qwen3_5_text"),
-    "qwen3_5_moe": _gated_deltanet("qwen3_5_moe_text"),
 }
 
 
