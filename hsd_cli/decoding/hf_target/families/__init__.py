@@ -24,22 +24,22 @@ ADAPTERS: dict[str, FamilyAdapter] = {
 }
 
 
-def _minicpm(text_model: str) -> str:
+def _minicpm(text_model: str, processor: str) -> str:
     # The text model is one the target verifies trees of (hybrid.py, as for qwen3_5); what is
     # missing is the family's adapter and tiny recipe.
     return (
         f"its text model ({text_model}) has Gated DeltaNet linear-attention layers, which hsd verifies as for qwen3_5, "
-        "but no adapter reads this family yet: its processor wants a video processor (torchvision) and its model "
-        "encodes only a batched prefill's first image"
+        f"but no adapter reads this family yet: {processor}, and its model encodes only a batched prefill's first image"
     )
 
 
 # Model types that OCR users run but that hsd does not decode yet, with the reason `adapter_for`
 # and `hsd models` give (README lists the models behind each).
+_MINICPM_V = "its processor slices pages and numbers images with id tokens"
 REFUSED: dict[str, str] = {
-    "minicpm_ocr": _minicpm("qwen3_5_text"),
-    "minicpmv4_6": _minicpm("qwen3_5_text"),
-    "minicpmv4_7": _minicpm("qwen3_5_text"),
+    "minicpm_ocr": _minicpm("qwen3_5_text", "its image processor has only a torchvision backend"),
+    "minicpmv4_6": _minicpm("qwen3_5_text", _MINICPM_V),
+    "minicpmv4_7": _minicpm("qwen3_5_text", _MINICPM_V),
 }
 
 
