@@ -94,7 +94,7 @@ CHANDRA_REPEATS = ("repeats",)
 CHANDRA_2 = Recipe(
     name="chandra-2",
     model_ids=("datalab-to/chandra-ocr-2",),
-    family="qwen3_vl",
+    family="qwen3_5",
     # chandra.input.load_pdf_images: pypdfium2, forms flattened, IMAGE_DPI 192 raised so the
     # shortest side is MIN_PDF_IMAGE_DIM 1024.
     render=Render(renderer="pypdfium2", rule="dpi_min_side", dpi=192, min_side_px=1024, flatten_forms=True, encoding="png"),
