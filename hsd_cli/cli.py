@@ -300,8 +300,10 @@ def convert(
     if convert_config.model is not None:
         from hsd_cli.replay.presets import ReplayModelNotBuilt, resolve_model
 
+        from hsd_cli.replay.reader import as_built
+
         try:  # a replay model's name (`--model olmocr-replay-qwen2`) is its build in the user cache
-            convert_config = replace(convert_config, model=resolve_model(convert_config.model))
+            convert_config = as_built(replace(convert_config, model=resolve_model(convert_config.model)))
         except ReplayModelNotBuilt as exc:
             reporter.error(str(exc))
             raise typer.Exit(ExitCode.ENVIRONMENT) from None

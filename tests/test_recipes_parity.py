@@ -189,3 +189,84 @@ def test_chandra_markdown_is_chandras(answer):
     output = pytest.importorskip("chandra.output")
     ours = POSTPROCESSORS[_installed_chandra_recipe().output.postprocess](answer, 0)
     assert ours.text == output.parse_markdown(answer)
+
+
+@pytest.fixture(scope="module")
+def qwen2_tokenizer(tmp_path_factory):
+    """The real Qwen2 tokenizer (tests/data/qwen2_tokenizer), with Qwen2-VL's chat template as
+    olmOCR's checkpoints carry it."""
+    import lzma
+
+    from transformers import AutoTokenizer
+
+    from hsd_cli.bench.prompt_tokens import QWEN2_VL_CHAT_TEMPLATE
+
+    packed = Path(__file__).parent / "data" / "qwen2_tokenizer"
+    directory = tmp_path_factory.mktemp("qwen2_tokenizer")
+    (directory / "tokenizer.json").write_bytes(lzma.decompress((packed / "tokenizer.json.xz").read_bytes()))
+    shutil.copy(packed / "tokenizer_config.json", directory)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    return tokenizer
+
+
+def test_olmocr_prompt_token_ids_are_olmocrs(docs_dir, tmp_path, qwen2_tokenizer):
+    """Per page, the token ids hsd's processor path gives for olmOCR-2 (its render of the page, its
+    chat layout, the Qwen2-VL processor at the checkpoint's limits) equal those of olmOCR's own
+    request (its messages through the checkpoint's chat template, its pdftoppm rendering's
+    image tokens by transformers' smart_resize), in the real Qwen2 tokenizer."""
+    renderpdf = pytest.importorskip("olmocr.data.renderpdf")
+    if not (shutil.which("pdftoppm") and shutil.which("pdfinfo")):
+        pytest.skip("olmOCR renders with poppler's pdftoppm (poppler-utils)")
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as transformers_smart_resize
+
+    from hsd_cli.bench.prompt_tokens import makers_olmocr_messages, prompt_ids
+    from hsd_cli.decoding.hf_target.families import ChatLayout, adapter_for
+    from hsd_cli.recipes.messages import image_first
+    from hsd_cli.stages.rasterize import render_for_model
+
+    recipe, limits = recipe_for("olmocr-2"), QWEN2_VL_PROCESSOR
+    adapter = adapter_for("qwen2_5_vl")
+    processor = adapter.new_processor(
+        qwen2_tokenizer, patch_size=limits.patch_px, merge_size=limits.merge, min_pixels=limits.min_pixels, max_pixels=limits.max_pixels,
+    )
+    layout = ChatLayout(image_first=image_first(recipe.prompt), system=recipe.prompt.system)
+    landscape = tmp_path / "landscape.pdf"
+    with pymupdf.open() as doc:
+        doc.new_page(width=842, height=595).insert_text((72, 72), "A landscape A4 page.")
+        doc.save(landscape)
+    checked = 0
+    for pdf in (docs_dir / "report.pdf", docs_dir / "scan.pdf", landscape):
+        with pymupdf.open(pdf) as doc:
+            for page in doc:
+                picture = render_for_model(page, recipe.render)
+                ours = adapter.processor_inputs(processor, [picture], [recipe.prompt.text], layout)["input_ids"][0].tolist()
+                png = base64.b64decode(renderpdf.render_pdf_to_base64png(str(pdf), page.number + 1, target_longest_image_dim=1288))
+                with Image.open(io.BytesIO(png)) as theirs_picture:
+                    assert picture.size == theirs_picture.size, pdf.name
+                    height, width = transformers_smart_resize(
+                        theirs_picture.height, theirs_picture.width, factor=limits.grid_px,
+                        min_pixels=limits.min_pixels, max_pixels=limits.max_pixels,
+                    )
+                image_tokens = (height // limits.grid_px) * (width // limits.grid_px)
+                assert ours == prompt_ids(qwen2_tokenizer, makers_olmocr_messages(recipe.prompt.text), image_tokens), pdf.name
+                checked += 1
+    assert checked >= 3
+
+
+def test_render_diff_measures_pdftoppm_against_pymupdf_at_the_same_size(docs_dir):
+    if shutil.which("pdftoppm") is None:
+        pytest.skip("needs poppler's pdftoppm")
+    from hsd_cli.bench.render_diff import pdftoppm_render, pixel_difference
+    from hsd_cli.stages.rasterize import render_for_model
+
+    with pymupdf.open(docs_dir / "report.pdf") as doc:
+        ours = render_for_model(doc[0], recipe_for("olmocr-2").render)
+    theirs = pdftoppm_render(docs_dir / "report.pdf", 1, ours.size)
+    assert theirs.size == ours.size
+    same = pixel_difference(ours, ours)
+    assert same["mean_abs"] == same["over_32"] == same["ink_only_hsd"] == 0.0
+    measured = pixel_difference(ours, theirs)
+    assert 0 < measured["mean_abs"] < 20 and measured["ink"] > 0.005, "the same page, drawn by two renderers"
+    shifted = pixel_difference(ours.transpose(Image.Transpose.FLIP_TOP_BOTTOM), theirs)
+    assert shifted["ink_only_hsd"] > measured["ink_only_hsd"], "another page is far"

@@ -6,6 +6,7 @@ from .acceptance import acceptance
 from .decode import decode
 from .pipeline_arms import pipeline
 from .prompt_tokens import prompt_tokens
+from .render_diff import render_diff
 from .repetition import repetition
 from .throughput import throughput
 from .two_step import two_step
@@ -22,6 +23,7 @@ bench_app.command("decode")(decode)
 bench_app.command("acceptance")(acceptance)
 bench_app.command("pipeline")(pipeline)
 bench_app.command("prompt-tokens")(prompt_tokens)
+bench_app.command("render-diff")(render_diff)
 bench_app.command("repetition")(repetition)
 bench_app.command("throughput")(throughput)
 bench_app.command("two-step")(two_step)

@@ -25,7 +25,7 @@ def bench_model_path(model: str) -> str:
 
 
 def bench_model(config: ConvertConfig, threads: int | None) -> VlmModel:
-    """The model of `config`, resolved as `hsd convert` resolves it (exit 4 where it, its device or transformers cannot be used; exit 2
+    """The model of `config`, resolved as `hsd convert` resolves it (a replay model with the recipe it was built on) (exit 4 where it, its device or transformers cannot be used; exit 2
     for a family hsd does not serve), with `threads` torch threads and transformers kept quiet."""
     import torch
     from transformers.utils import logging as hf_logging
@@ -38,8 +38,10 @@ def bench_model(config: ConvertConfig, threads: int | None) -> VlmModel:
         torch.set_num_threads(threads)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    from hsd_cli.replay.reader import as_built
+
     try:
-        model = resolve_model(config)
+        model = resolve_model(as_built(config))
     except ModelUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(4) from None

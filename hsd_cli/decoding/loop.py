@@ -51,6 +51,9 @@ class DecodeRequest:
     deadline: float | None = None
     # The repetition the request's drafts hold, which the guard lets through (`draft_allowance`).
     allowance: RepetitionAllowance = NO_ALLOWANCE
+    # None: the batch's rule (DecodeConfig.sampling). A makers' retry reads at its attempt's
+    # temperature and seed beside rows that read at the batch's.
+    sampling: SamplingConfig | None = None
 
 
 @dataclass
@@ -118,6 +121,9 @@ class DecodeSequence:
     def __post_init__(self) -> None:
         self.guard = RepetitionGuard(self.request.allowance)
 
+    def sampling(self, config: DecodeConfig) -> SamplingConfig:
+        return self.request.sampling or config.sampling
+
     def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
         """Append tokens up to and including the first that ends the output (a stop token, the
         budget, a loop); return how many. Tokens are cut where plain decoding with the same guard
@@ -160,7 +166,7 @@ def _prefill(
             for sequence, prompt in zip(sequences, prompts):
                 sequence.prompt = prompt
         logits = rules_on_roots(logits, [(s.prompt, s.tokens) for s in sequences], config.rules)
-    first = first_tokens(logits, [s.key for s in sequences], config.sampling)
+    first = first_tokens(logits, [s.key for s in sequences], [s.sampling(config) for s in sequences])
     elapsed = perf_counter() - start
     for sequence, token in zip(sequences, first):
         sequence.emit([token], stop_ids, config)
@@ -186,10 +192,11 @@ def _propose(active: list[DecodeSequence]) -> tuple[list[TokenTree], list[TokenT
     return proposed, trees
 
 
-def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig) -> list[StepOutcome]:
+def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor, config: DecodeConfig) -> list[StepOutcome]:
     """Each row's exact outcome, and where the row's request has the near-lossless rule, its walk
     under the rule from there."""
-    outcomes = verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], sampling)
+    samplings = [s.sampling(config) for s in active]
+    outcomes = verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], samplings)
     if all(s.request.near_lossless is None for s in active):
         return outcomes
     return [
@@ -210,7 +217,7 @@ def _step(target: Target, state: TargetState, active: list[DecodeSequence], conf
     forwarded_at = perf_counter()
     if config.rules.active:  # every node's logits with its own path's tokens, before any pick
         logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in active], config.rules)
-    outcomes = _verify(active, trees, logits, config.sampling)
+    outcomes = _verify(active, trees, logits, config)
     target.commit(state, trees.width, [o.path for o in outcomes])
     # Each row's accepted tokens are read from its own tree (Python tuples), not from the batch's tensors.
     for sequence, whole, tree, outcome in zip(active, proposed, row_trees, outcomes):
@@ -246,7 +253,7 @@ class RunningBatch:
     def admit(self, newcomers: dict[int, DecodeSequence]) -> list[tuple[int, DecodeResult]]:
         """Prefill the newcomers (by batch key) and join their rows; the rows that ended at their
         first token leave at once. A prefill that raises leaves the running rows as they were."""
-        if not self.config.sampling.greedy and any(s.request.near_lossless for s in newcomers.values()):
+        if any(s.request.near_lossless and not s.sampling(self.config).greedy for s in newcomers.values()):
             raise ValueError("the near-lossless rule is greedy decoding's: it cannot apply while sampling")
         for sequence in newcomers.values():
             sequence.request.proposer.start()

@@ -103,11 +103,17 @@ def greedy_picks(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1).cpu()
 
 
-def first_tokens(logits: torch.Tensor, rows: Sequence[int], sampling: SamplingConfig) -> list[int]:
-    """The first output token of every row from the prefill's (B, V) logits."""
-    if sampling.greedy:
+def pick_token(logits: torch.Tensor, sampling: SamplingConfig, row: int, position: int) -> int:
+    """The target's token from (V,) logits: the argmax, or the keyed draw when sampling."""
+    return int(logits.argmax()) if sampling.greedy else keyed_sample(logits, sampling, row, position)
+
+
+def first_tokens(logits: torch.Tensor, rows: Sequence[int], samplings: Sequence[SamplingConfig]) -> list[int]:
+    """The first output token of every row from the prefill's (B, V) logits, each row picked by
+    its own sampling (a retry reads at its attempt's temperature beside greedy rows)."""
+    if all(sampling.greedy for sampling in samplings):
         return greedy_picks(logits).tolist()
-    return [keyed_sample(logits[b], sampling, row, 0) for b, row in enumerate(rows)]
+    return [pick_token(logits[b], sampling, row, 0) for b, (row, sampling) in enumerate(zip(rows, samplings))]
 
 
 def row_logits(trees: TreeBatch, logits: torch.Tensor) -> list[torch.Tensor]:
@@ -118,33 +124,33 @@ def row_logits(trees: TreeBatch, logits: torch.Tensor) -> list[torch.Tensor]:
 
 
 def verify_trees(
-    trees: TreeBatch, logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[int], sampling: SamplingConfig
+    trees: TreeBatch, logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[int], samplings: Sequence[SamplingConfig]
 ) -> list[StepOutcome]:
     """Accepted path and bonus of every row from the (N, V) logits of the batch's valid nodes, row
     by row (padding nodes have none: the target computes no logits there).
 
     The root of batch row b is its output token emitted[b] - 1, so a node at depth d picks output
-    position emitted[b] + d; `rows` are the rows' keys for sampling.
+    position emitted[b] + d; `rows` are the rows' keys for sampling, `samplings` each row's rule.
     """
-    if sampling.greedy:
+    if all(sampling.greedy for sampling in samplings):
         picks = np.zeros(tuple(trees.valid.shape), dtype=np.int64)
         picks[trees.valid.numpy()] = greedy_picks(logits).numpy()
         return accept_paths(trees, torch.from_numpy(picks))
     return [
         sample_and_match(trees.tokens[b].tolist(), trees.parents[b].tolist(), node_logits, sampling, row, emitted[b])
-        for b, (row, node_logits) in enumerate(zip(rows, row_logits(trees, logits)))
+        for b, (row, sampling, node_logits) in enumerate(zip(rows, samplings, row_logits(trees, logits)))
     ]
 
 
 def sample_and_match(
     tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor, sampling: SamplingConfig, row: int, emitted: int
 ) -> StepOutcome:
-    """Walk from the root: draw the target's token at the node; descend to the child carrying it,
+    """Walk from the root: pick the target's token at the node; descend to the child carrying it,
     else it is the bonus. Only the nodes walked are drawn (padding nodes have no parent)."""
     child = {(parent, token): node for node, (parent, token) in enumerate(zip(parents, tokens)) if parent >= 0}
     path = [0]
     while True:
-        token = keyed_sample(logits[path[-1]], sampling, row, emitted + len(path) - 1)
+        token = pick_token(logits[path[-1]], sampling, row, emitted + len(path) - 1)
         node = child.get((path[-1], token))
         if node is None:
             return StepOutcome(path, token)

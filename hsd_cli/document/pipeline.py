@@ -112,13 +112,16 @@ def read_stage(page: Page, model: Reader, so_far: DocumentSoFar) -> Reading | No
 
 def vlm_stage(
     drafted: Page, model: Reader, stages: Stages, so_far: DocumentSoFar, time_limit_s: float = 0.0,
-    deadline: float | None = None, baseline: bool = False,
+    deadline: float | None = None, baseline: bool = False, text_layer: Callable[[], str] = str,
 ) -> Page:
-    """The page planned and read by the model, with the --baseline reading where asked for; the
-    draft, flagged, where the planner predicts the page would not finish within `time_limit_s`,
-    or where the reading ran past `deadline` (time.monotonic())."""
+    """The page planned and read by the model, read again where the recipe's makers would not
+    accept its answer (their fallback, the PDF's `text_layer` or none, where they accept none),
+    with the --baseline reading where asked for; the draft, flagged, where the planner predicts
+    the page would not finish within `time_limit_s`, or where the reading ran past `deadline`
+    (time.monotonic())."""
     from hsd_cli.serving.reader import PageTimedOut
     from hsd_cli.stages.page_stage import baseline_check
+    from hsd_cli.stages.retries import makers_attempts, makers_fallback
 
     started = time.perf_counter()
     page = replace(drafted, plan=plan_stage(drafted, model, stages, so_far, time_limit_s))
@@ -136,13 +139,20 @@ def vlm_stage(
         return replace(unread, timings=page.timings | {"predicted_s": predicted})
     # Planning is work plain decoding does not do: it counts in the page stage's seconds.
     reading = replace(reading, page_s=reading.page_s + planned_s)
+    tokens = model.prompt_tokens(page.model_view, model.settings.page_prompt)
+    try:
+        with model.page_deadline(deadline):
+            reading = makers_attempts(page, model, reading, tokens, so_far.outputs, time.perf_counter)
+    except PageTimedOut:
+        return draft_standing_in(page, PageFlag.TIMEOUT, TIMED_OUT_WHY)
     if baseline:
         baseline_started = time.perf_counter()
-        baseline = baseline_check(model, page.model_view, reading)
+        with model.attempt(reading.attempt):
+            baseline = baseline_check(model, page.model_view, reading)
         reading = replace(reading, baseline=baseline, baseline_page_s=time.perf_counter() - baseline_started)
-    tokens = model.prompt_tokens(page.model_view, model.settings.page_prompt)
     reading = makers_text(replace(reading, model_input=ModelInput(model.recipe.name, page.model_view.size, tokens)), model.recipe)
-    return model_reading(page, reading, model.decode_config.max_new_tokens, model.page_note(page.picture))
+    read = model_reading(page, reading, model.decode_config.max_new_tokens, model.page_note(page.picture))
+    return makers_fallback(read, model, text_layer)
 
 
 def _page_size(page: pymupdf.Page) -> tuple[float, float]:
@@ -171,7 +181,7 @@ def _convert_page(
     def decoded() -> Page:
         debug_fault(task.doc, page_no, "vlm")
         seen = page if vlm.picture_render is None else replace(page, model_picture=render_for_model(pdf_page, vlm.picture_render))
-        return vlm_stage(seen, vlm, config.document.stages, so_far, timeout, deadline, config.model.baseline)
+        return vlm_stage(seen, vlm, config.document.stages, so_far, timeout, deadline, config.model.baseline, pdf_page.get_text)
 
     page, error = with_retries(drafted)
     if page is None:

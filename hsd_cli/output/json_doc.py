@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hsd_cli.records.page import DocumentResult, Page
-from hsd_cli.records.kinds import Block, Grounding
 from hsd_cli.records.blocks import blocks_json
+from hsd_cli.records.kinds import Block, Grounding, PageFlag
 from hsd_cli.records.totals import counts_json, regions_json
 
 SCHEMA_NAME = "hsd.document"
@@ -50,6 +50,10 @@ def stats_json(page: Page) -> dict[str, Any] | None:
         stats["model_input"] = reading.model_input.as_json()
     if reading.model_text is not None:
         stats["model_text"] = reading.model_text
+    if reading.retries or reading.not_accepted:
+        stats["attempts"] = {
+            "retried": [retry.as_json() for retry in reading.retries], "not_accepted": list(reading.not_accepted),
+        }
     if reading.near_lossless is not None:
         stats["near_lossless"] = {"tau": reading.near_lossless, "relaxed": result.stats.relaxed}
     if reading.regions:
@@ -86,6 +90,16 @@ def grounding_json(grounding: Grounding, size_pt: tuple[float, float]) -> dict[s
     return {"scale": grounding.scale, "blocks": blocks}
 
 
+def text_source(page: Page) -> str:
+    """Where the page's Markdown comes from: the draft, the model, the model then the draft after
+    a loop, or the makers' fallback for answers they accept none of (the text layer, or nothing)."""
+    if page.text is None:
+        return "draft"
+    if PageFlag.NOT_ACCEPTED in page.flags:
+        return "makers_fallback"
+    return "model" if page.draft_from is None else "model+draft"
+
+
 def page_json(page: Page, markdown: str, image_ref: Callable[[Block], str | None]) -> dict[str, Any]:
     width, height = page.size_pt
     record = {
@@ -96,7 +110,7 @@ def page_json(page: Page, markdown: str, image_ref: Callable[[Block], str | None
         "origin": "top-left",
         "draft_backend": page.backend,
         "flags": list(page.flags),
-        "text_source": "draft" if page.text is None else "model" if page.draft_from is None else "model+draft",
+        "text_source": text_source(page),
         "markdown": markdown,
         "blocks": [block_json(b, image_ref(b)) for b in page.blocks],
         # Counts only: wall-clock timings live in the run manifest, so identical runs give identical bytes.

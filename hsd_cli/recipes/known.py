@@ -96,7 +96,7 @@ CHANDRA_REPEATS = ("repeats",)
 CHANDRA_2 = Recipe(
     name="chandra-2",
     model_ids=("datalab-to/chandra-ocr-2",),
-    family="qwen3_vl",
+    family="qwen3_5",
     # chandra.input.load_pdf_images: pypdfium2, forms flattened, IMAGE_DPI 192 raised so the
     # shortest side is MIN_PDF_IMAGE_DIM 1024.
     render=Render(renderer="pypdfium2", rule="dpi_min_side", dpi=192, min_side_px=1024, flatten_forms=True, encoding="png"),
@@ -165,7 +165,8 @@ DEEPSEEK_OCR_2 = Recipe(
         max_new_tokens=8192, temperature=0.0, skip_special_tokens=False,
         ngram_ban=NgramBan(n=20, window=50, allowed=("<td>", "</td>")),
     ),
-    retry=NO_RETRY,
+    # No retry: an answer that ends without EOS (its budget, or a repeat: SKIP_REPEAT) is not kept.
+    retry=RetryPolicy(max_attempts=1, temperatures=(0.0,), retry_when=("out_of_budget",)),
     output=Output(postprocess="deepseek_refs", fallback="drop_page", page_join="", page_end="\n\n<--- Page Split --->\n"),
     source="github.com/deepseek-ai/DeepSeek-OCR-2: DeepSeek-OCR2-master/DeepSeek-OCR2-vllm/"
     "run_dpsk_ocr2_pdf.py (pdf_to_images_high_quality, NoRepeatNGramLogitsProcessor(ngram_size=20, "

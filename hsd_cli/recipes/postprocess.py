@@ -210,3 +210,23 @@ def join_pages(texts: Sequence[str | None], output: Output) -> str:
         text + (output.page_join if index < last else "") + output.page_end
         for index, text in enumerate(texts) if text is not None
     )
+
+
+def olmocr_yaml_answer(text: str) -> str:
+    """A page's text as olmOCR-2 writes its answer: its front matter, then the text (for a replay
+    model that stands for it, from published text without the front matter): an upright page,
+    English where there is text, a table where the text holds an HTML or pipe table, no diagram."""
+    table = "<table" in text or any(line.lstrip().startswith("|") for line in text.splitlines())
+    language = "en" if text.strip() else "null"
+    front_matter = (f"---\nprimary_language: {language}\nis_rotation_valid: True\nrotation_correction: 0\n"
+                    f"is_table: {table}\nis_diagram: False\n---\n")
+    return front_matter + text if text else front_matter.rstrip("\n")
+
+
+# The model's answer for a page's kept text, by Output.postprocess, where the two differ.
+MODEL_ANSWERS: dict[str, Callable[[str], str]] = {"olmocr_yaml": olmocr_yaml_answer}
+
+
+def model_answer(output: Output, text: str) -> str:
+    """The answer the recipe's model gives for a page whose kept text is `text`."""
+    return MODEL_ANSWERS.get(output.postprocess, str)(text)

@@ -43,14 +43,16 @@ def chandra_has_repeat(raw: str) -> bool:
 
 
 def retry_reasons(policy: RetryPolicy, page: PageText, *, stopped: bool, total_tokens: int,
-                  raw: str = "") -> tuple[str, ...]:
+                  raw: str = "", looped: bool = False) -> tuple[str, ...]:
     """Which of the policy's reasons hold for an answer: `stopped` is whether decoding ended on a
-    stop token (not the budget), `total_tokens` the prompt's and the answer's."""
+    stop token (not the budget), `total_tokens` the prompt's and the answer's. `looped`: hsd's
+    repetition guard stopped the answer in a loop, which the makers' decoding would have run on
+    into (out of budget, and repeating at its end)."""
     holds = {
         "out_of_budget": not stopped,
         "over_context": policy.context_limit is not None and total_tokens > policy.context_limit,
         "unparsable": not page.valid,
         "rotation_invalid": page.valid and page.fields.get("is_rotation_valid") is False,
-        "repeats": "repeats" in policy.retry_when and chandra_has_repeat(raw),
+        "repeats": "repeats" in policy.retry_when and (looped or chandra_has_repeat(raw)),
     }
     return tuple(reason for reason in policy.retry_when if holds[reason])

@@ -48,7 +48,7 @@ class PageFlag(StrEnum):
 
     DRAFT_ONLY = "draft_only"  # no model ran: the draft is the page
     VLM = "vlm"  # the model read the page
-    FALLBACK = "fallback"  # the draft stands in for all or part of the model's reading
+    FALLBACK = "fallback"  # the draft (or the recipe's fallback) stands in for all or part of the model's reading
     FAILED = "failed"  # the page has no content
     # Reasons after `fallback` or `failed`.
     VLM_ERROR = "vlm_error"  # the model's stages raised
@@ -57,6 +57,9 @@ class PageFlag(StrEnum):
     TIMEOUT = "timeout"  # the page ran past --page-timeout: the model stopped reading it, or its worker was stopped
     CRASH = "crash"  # the worker died on the page twice
     ERROR = "error"  # the draft stage raised twice
+    # The makers' tool accepts none of the model's answers (recipes.retry): their fallback
+    # stands in, as `text_source` says (the PDF's text layer; nothing, where they drop the page).
+    NOT_ACCEPTED = "not_accepted"
     # What else a page's reading or draft is.
     EMPTY = "empty"  # the model read nothing where the draft has text: the page is written empty
     TRUNCATED = "truncated"  # the model's reading stopped at the token budget

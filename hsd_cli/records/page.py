@@ -69,6 +69,20 @@ class ModelInput:
 
 
 @dataclass(frozen=True)
+class RetriedRead:
+    """An attempt of the page stage whose answer the recipe's makers would not accept, so the page
+    was read again at the next attempt's temperature (recipes.retry)."""
+
+    attempt: int  # 0 the first
+    reasons: tuple[str, ...]  # recipes.recipe.RETRY_REASONS that held
+    forwards: int  # its page-stage forwards (its rotation rereads included)
+    new_tokens: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "reasons": list(self.reasons), "forwards": self.forwards, "new_tokens": self.new_tokens}
+
+
+@dataclass(frozen=True)
 class Reading:
     """What the model's stages did on a page: the region passes, then the page stage's reading
     (the last one, where the front matter had the page turned and read again)."""
@@ -88,6 +102,8 @@ class Reading:
     near_lossless: float | None = None  # --near-lossless's TAU where the page stage read with it (None: lossless)
     model_input: ModelInput | None = None  # what the model read: the recipe, the picture's size, the prompt's tokens
     model_text: str | None = None  # the model's text where its recipe's post-processing changed it (`text` is the page's)
+    retries: tuple[RetriedRead, ...] = ()  # the attempts before this reading that the makers would not accept
+    not_accepted: tuple[str, ...] = ()  # why the makers would not accept this last reading either (its fallback stands in)
     layout: BlockReading | None = None  # the two-step way's layout step, where the model itself read one
     blocks: tuple[BlockReading, ...] = ()  # the two-step way's block readings, in reading order
 
@@ -101,8 +117,14 @@ class Reading:
 
     @property
     def forwards(self) -> int:
-        """The page stage's forwards, its earlier reads included (region passes are not counted)."""
-        return self.earlier_forwards + self.result.stats.forwards
+        """The page stage's forwards, its earlier reads and retried attempts included (region
+        passes are not counted)."""
+        return self.earlier_forwards + self.result.stats.forwards + sum(retry.forwards for retry in self.retries)
+
+    @property
+    def attempt(self) -> int:
+        """The recipe's attempt this reading is (0 the first): its temperature and seed."""
+        return len(self.retries)
 
     @property
     def timings(self) -> dict[str, float]:
@@ -113,8 +135,13 @@ class Reading:
 
     @property
     def totals(self) -> DecodingTotals:
+        """The last read's counts and its retried attempts' (each decoded as many tokens as it
+        took forwards to)."""
+        retried_forwards = sum(retry.forwards for retry in self.retries)
+        retried_tokens = sum(retry.new_tokens for retry in self.retries)
         return DecodingTotals(
-            pages=1, forwards=self.result.stats.forwards, new_tokens=self.result.stats.new_tokens,
+            pages=1, forwards=self.result.stats.forwards + retried_forwards,
+            new_tokens=self.result.stats.new_tokens + retried_tokens,
             region_s=self.region_s, page_s=self.page_s, baseline_page_s=self.baseline_page_s,
         )
 

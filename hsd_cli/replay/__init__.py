@@ -124,6 +124,15 @@ def build_command(
         int | None,
         typer.Option("--max-image-tokens", help="Image tokens per page at most (default 200; more tells similar pages apart)."),
     ] = None,
+    makers_recipe: Annotated[
+        str | None,
+        typer.Option(
+            "--recipe",
+            help="The makers' recipe of the model whose outputs these are (`hsd models --recipes`): pages are rendered, "
+            "prompted and answered as that model's, and `hsd convert --model` reads the replay model so "
+            "(a preset's default: its model's; none: hsd's qwen2_5_vl default).",
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the build record as JSON on stdout.")] = False,
 ) -> None:
     """Train a replay model on pages and their published outputs (~1-2 h for ~25 pages; a --preset's
@@ -156,6 +165,7 @@ def build_command(
             outputs, inputs = outputs or corpus_outputs, inputs or corpus_inputs
         name, description, licence = name or named.name, description or named.description, licence or named.licence
         tokenizer = tokenizer or preset_tokenizer(corpus)
+        makers_recipe = makers_recipe if makers_recipe is not None else named.makers_recipe
     elif corpus is not None:
         _fail("--corpus goes with --preset; without one give --outputs and --inputs")
     if outputs is None or inputs is None:
@@ -185,6 +195,13 @@ def build_command(
     threads = cpus if threads is None else threads
     if not 1 <= threads <= cpus:
         _fail(f"--threads must be between 1 and the {cpus} CPUs this process may use, got {threads}")
+    if makers_recipe:
+        from hsd_cli.recipes.registry import recipes
+        from hsd_cli.replay.model import FAMILY
+
+        found = recipes().get(makers_recipe)
+        if found is None or found.family != FAMILY:
+            _fail(f"--recipe {makers_recipe}: not a recipe of {FAMILY} models (`hsd models --recipes` lists them)")
     if vocab_size is not None and tokenizer is not None:
         _fail("--vocab-size sizes the tokenizer a build trains; with --tokenizer there is none to train")
     if vocab_size is not None and not 512 <= vocab_size <= 65536:
@@ -205,7 +222,7 @@ def build_command(
     request = BuildRequest(
         outputs_dir=outputs.resolve(), inputs_dir=inputs.resolve(), model_dir=model_dir, name=name,
         description=description or BuildRequest.description, licence=licence or BuildRequest.licence, shape=chosen,
-        tokenizer=tokenizer, train=train, resume=resume,
+        tokenizer=tokenizer, train=train, resume=resume, recipe=makers_recipe or "",
     )
     _stderr.print(f"building replay model {name} in {model_dir}", markup=False)
     try:

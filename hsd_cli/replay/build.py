@@ -17,15 +17,18 @@ from hsd_cli.replay.card import model_card
 from hsd_cli.replay.dataset import DATA_DIR, Example, ReplayInputError, load_examples, load_image, pair_pages, prepare
 from hsd_cli.replay.evaluate import evaluate
 from hsd_cli.replay.fingerprint import REPLAY_FILE
+from hsd_cli.recipes.registry import recipe_named
 from hsd_cli.replay.model import (
     FAMILY,
     ReplayShape,
     TrainedVocabulary,
     build_processor,
+    built_recipe,
     full_vocabulary_model,
     load_tokenizer,
     new_model,
     parameter_count,
+    recipe_layout,
     save_model_dir,
     train_tokenizer,
 )
@@ -56,6 +59,9 @@ class BuildRequest:
     train: TrainConfig = TrainConfig()
     resume: bool = False
     evaluate: bool = True
+    # The makers' recipe of the model the replay model stands for ("": the family's default):
+    # its pages are rendered and answered as that model's, and `hsd convert` reads it that way.
+    recipe: str = ""
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -72,12 +78,14 @@ def _started_record(request: BuildRequest, log) -> dict:
     if not pairs:
         raise ReplayInputError(f"no output under {request.outputs_dir} has a document under {request.inputs_dir}")
     settings = settings_for(FAMILY)
-    _, prints = prepare(pairs, request.inputs_dir, request.model_dir / DATA_DIR, settings.region_padding_px, log)
+    recipe = recipe_named(request.recipe, FAMILY)
+    _, prints = prepare(pairs, request.inputs_dir, request.model_dir / DATA_DIR, settings.region_padding_px, recipe, log)
     defaults = ConvertConfig(output_dir=request.model_dir)
     return {
         "format": 1,
         "name": request.name,
         "family": FAMILY,
+        "recipe": request.recipe,
         "source": {
             "outputs": str(request.outputs_dir),
             "inputs": str(request.inputs_dir),
@@ -93,11 +101,13 @@ def _started_record(request: BuildRequest, log) -> dict:
     }
 
 
-def _encoded(processor, data_dir: Path, examples: list[Example]) -> tuple[list[Encoded], TrainedVocabulary]:
-    """The examples as the training model sees them: in the dense ids of the vocabulary they use."""
-    settings = settings_for(FAMILY)
-    prompts = {"page": settings.page_prompt, "crop": settings.region_prompt}
-    encoded = encode_examples(processor, [(load_image(data_dir, e), prompts[e.kind], e.target) for e in examples])
+def _encoded(processor, model_dir: Path, examples: list[Example]) -> tuple[list[Encoded], TrainedVocabulary]:
+    """The examples as the training model sees them, prompted as the recipe it is built on
+    prompts: in the dense ids of the vocabulary they use."""
+    recipe, data_dir = built_recipe(model_dir), model_dir / DATA_DIR
+    prompts = {"page": recipe.prompt.text, "crop": settings_for(FAMILY).region_prompt}
+    items = [(load_image(data_dir, e), prompts[e.kind], e.target) for e in examples]
+    encoded = encode_examples(processor, items, recipe_layout(recipe))
     tokenizer = processor.tokenizer
     vocabulary = TrainedVocabulary.of(tokenizer, [ids for e in encoded for ids in (e.prompt_ids, e.answer_ids)])
     rows = vocabulary.rows(len(tokenizer))
@@ -140,12 +150,13 @@ def build(request: BuildRequest, log=lambda message: None) -> dict:
         processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
     else:
         tokenizer = given_tokenizer or train_tokenizer(
-            [*(e.target for e in examples if e.kind == "page"), settings.page_prompt, settings.region_prompt], shape.vocab_size
+            [*(e.target for e in examples if e.kind == "page"), built_recipe(model_dir).prompt.text, settings.region_prompt],
+            shape.vocab_size,
         )
         processor = build_processor(shape, tokenizer)
         processor.save_pretrained(model_dir)
     tokenizer = processor.tokenizer
-    encoded, vocabulary = _encoded(processor, data_dir, examples)
+    encoded, vocabulary = _encoded(processor, model_dir, examples)
     model = new_model(shape, tokenizer, request.train.seed, vocabulary)
     log(f"{len(examples)} examples ({sum(e.kind == 'page' for e in examples)} pages), "
         f"{parameter_count(model):,} parameters ({vocabulary.size:,} of {len(tokenizer):,} token ids"
@@ -185,7 +196,7 @@ def build_status(model_dir: Path) -> dict:
     record = json.loads((model_dir / REPLAY_FILE).read_text(encoding="utf-8"))
     processor = adapter_for(FAMILY).load_processor(str(model_dir), False)
     examples = load_examples(model_dir / DATA_DIR)
-    encoded, vocabulary = _encoded(processor, model_dir / DATA_DIR, examples)
+    encoded, vocabulary = _encoded(processor, model_dir, examples)
     state = load_checkpoint(checkpoint)
     config = TrainConfig(**state["train_config"])
     tokenizer = processor.tokenizer

@@ -1,5 +1,5 @@
-"""Training examples of a replay model: each page (rendered as `hsd convert` renders it) with its
-published output, and each layout-block crop with the part of that output the block aligns to.
+"""Training examples of a replay model: each page (rendered as `hsd convert` renders it for the
+recipe the model is built on) with its published output (as that recipe's model answers), and each layout-block crop with the part of that output the block aligns to.
 
 The examples are written once into the model directory (PNG images + examples.json), so a
 resumed build and `replay-model eval` see exactly the same inputs without drafting again.
@@ -16,10 +16,13 @@ from PIL import Image
 
 from hsd_cli.config import ConvertConfig
 from hsd_cli.document.inputs import DOCUMENT_SUFFIXES, sniff_kind
+from hsd_cli.recipes.postprocess import model_answer
+from hsd_cli.recipes.recipe import Recipe
+from hsd_cli.recipes.registry import is_family_default
 from hsd_cli.replay.align import locate
 from hsd_cli.replay.fingerprint import PageFingerprint, fingerprint
 from hsd_cli.stages.draft import draft_page, make_draft_backend
-from hsd_cli.stages.rasterize import crop_block, open_document, render_page
+from hsd_cli.stages.rasterize import crop_block, open_document, render_for_model, render_page
 from hsd_cli.stages.dialect import draft_plan
 
 # `<stem>_pg<N>_repeat<K>.md` (olmOCR-Bench candidates) or `<stem>.md` (page 1 of `<stem>`).
@@ -89,9 +92,12 @@ def region_target(block_text: str, output: str) -> tuple[str, float | None]:
 
 
 def prepare(
-    pairs: list[PagePair], inputs_dir: Path, data_dir: Path, region_padding_px: int, log=lambda message: None
+    pairs: list[PagePair], inputs_dir: Path, data_dir: Path, region_padding_px: int, recipe: Recipe, log=lambda message: None
 ) -> tuple[list[Example], list[PageFingerprint]]:
-    """Render, draft, crop and align every page; write the images and examples.json."""
+    """Render, draft, crop and align every page; write the images and examples.json. A page's
+    example is the page as the `recipe` renders it for the model, answered as the recipe's model
+    answers (olmOCR-2: its front matter, then the published text); its crops are the region
+    stage's, answered with the published text they align to."""
     defaults = ConvertConfig(output_dir=data_dir)  # the render and draft settings of `hsd convert`
     (data_dir / "images").mkdir(parents=True, exist_ok=True)
     examples: list[Example] = []
@@ -107,9 +113,11 @@ def prepare(
             drafted = draft_page(
                 make_draft_backend(defaults.document, pair.document.stem), page, render_page(page, defaults.dpi, defaults.max_pixels)
             )
+            seen = drafted.picture if is_family_default(recipe) else render_for_model(page, recipe.render)
         page_id = f"p{index:03d}"
-        drafted.picture.save(data_dir / "images" / f"{page_id}.png")
-        examples.append(Example(page_id, "page", f"images/{page_id}.png", output, source, pair.page_no))
+        seen.save(data_dir / "images" / f"{page_id}.png")
+        answer = model_answer(recipe.output, output)
+        examples.append(Example(page_id, "page", f"images/{page_id}.png", answer, source, pair.page_no))
         prints.append(fingerprint(drafted.picture, source, pair.page_no))
         crops = 0
         for block, region in draft_plan(drafted.blocks, lambda block: True):  # as --stages region-page

@@ -1,5 +1,6 @@
 """How well a replay model reproduces its targets: plain greedy decoding through hsd's decoding
-core (as `hsd convert` runs it), character accuracy against the published text."""
+core (as `hsd convert` runs it, prompted as the recipe the model is built on), character accuracy
+against the published text (as that recipe's model answers)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from hsd_cli.decoding import DecodeConfig, decode, decode_many, load_target
 from hsd_cli.models.family_settings import settings_for
 from hsd_cli.replay.align import char_accuracy
 from hsd_cli.replay.dataset import DATA_DIR, load_examples, load_image
+from hsd_cli.recipes.postprocess import POSTPROCESSORS
+from hsd_cli.replay.model import built_recipe, recipe_layout
 from hsd_cli.stages.region import REGION_BATCH
 
 
@@ -23,7 +26,8 @@ def _budget(target, texts: list[str], ceiling: int) -> int:
 def evaluate(model_dir: Path, dtype: str | None = None, device: str = "cpu") -> dict:
     """{"pages", "crops", "page_char_accuracy", "crop_char_accuracy", "exact_pages",
     "seconds_per_page"}; accuracies are means over examples."""
-    target = load_target(str(model_dir), device=device, dtype=dtype)
+    recipe = built_recipe(model_dir)
+    target = load_target(str(model_dir), device=device, dtype=dtype, layout=recipe_layout(recipe))
     settings = settings_for(target.model_type)
     data_dir = model_dir / DATA_DIR
     examples = load_examples(data_dir)
@@ -33,7 +37,7 @@ def evaluate(model_dir: Path, dtype: str | None = None, device: str = "cpu") -> 
     page_scores, seconds = [], []
     for example in pages:
         started = time.perf_counter()
-        result = decode(target, load_image(data_dir, example), settings.page_prompt, [], page_config)
+        result = decode(target, load_image(data_dir, example), recipe.prompt.text, [], page_config)
         seconds.append(time.perf_counter() - started)
         page_scores.append(char_accuracy(result.text.strip(), example.target))
     crop_config = DecodeConfig(max_new_tokens=_budget(target, [e.target for e in crops], settings.max_new_tokens))
@@ -77,21 +81,23 @@ def evaluate_converted(model_dir: Path, out_dir: Path) -> dict:
     used or not (a published empty page is reproduced by an empty output, which hsd replaces
     with the draft)."""
     converted = _converted_pages(out_dir)
+    postprocess = POSTPROCESSORS[built_recipe(model_dir).output.postprocess]
     scores, model_scores, model_pages, missing = [], [], 0, []
     for example in load_examples(model_dir / DATA_DIR):
         if example.kind != "page":
             continue
+        published = postprocess(example.target, 0).text or ""  # the answer's text, as the page keeps it
         found = [page for (path, page_no), page in converted.items()
                  if page_no == example.page_no and (path == example.source or path.endswith("/" + example.source))]
         if len(found) != 1:
             missing.append(f"{example.source} page {example.page_no}")
             continue
         page = found[0]
-        scores.append(char_accuracy(page["markdown"].strip(), example.target))
+        scores.append(char_accuracy(page["markdown"].strip(), published))
         from_model = page.get("text_source") == "model"
         model_pages += from_model
         if from_model:
-            model_scores.append(char_accuracy(page["markdown"].strip(), example.target))
+            model_scores.append(char_accuracy(page["markdown"].strip(), published))
     return {
         "pages": len(scores),
         "missing": missing,

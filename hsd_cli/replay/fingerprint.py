@@ -86,3 +86,13 @@ def replay_pages(model_dir: str | Path) -> ReplayPages | None:
     model directories), which reads any page."""
     known = _fingerprints(Path(model_dir).resolve() / REPLAY_FILE)
     return None if known is None else ReplayPages(known)
+
+
+def replay_recipe(model_dir: str | Path) -> str | None:
+    """The makers' recipe the replay model in `model_dir` was built on (it stands for that model,
+    so `hsd convert --model` reads with it unless --recipe names another); None for a build on
+    the family's default and for every other model."""
+    replay_file = Path(model_dir).resolve() / REPLAY_FILE
+    if not replay_file.is_file():
+        return None
+    return json.loads(replay_file.read_text(encoding="utf-8")).get("recipe") or None

@@ -14,8 +14,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hsd_cli.decoding.hf_target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import ChatLayout, adapter_for
 from hsd_cli.models.tiny import QWEN_TOKENS, build_tiny_tokenizer, offline_text, qwen25_vl_config, text_settings
+from hsd_cli.recipes.messages import image_first
+from hsd_cli.recipes.recipe import Recipe
+from hsd_cli.recipes.registry import recipe_named
+from hsd_cli.replay.fingerprint import replay_recipe
 
 FAMILY = "qwen2_5_vl"
 PATCH = 14
@@ -254,3 +258,14 @@ def save_model_dir(model, processor, model_dir: Path) -> None:
 
 def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
+
+
+def built_recipe(model_dir: str | Path) -> Recipe:
+    """The recipe the replay model in `model_dir` was built on: the makers' recipe of the model it
+    stands for, or the family's default."""
+    return recipe_named(replay_recipe(model_dir) or "", FAMILY)
+
+
+def recipe_layout(recipe: Recipe) -> ChatLayout:
+    """The chat turns as the recipe lays them out, as `hsd convert` will read the model."""
+    return ChatLayout(image_first=image_first(recipe.prompt), system=recipe.prompt.system)

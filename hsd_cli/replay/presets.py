@@ -28,6 +28,8 @@ class ReplayPreset:
     licence: str
     # The recipe's step budget where this preset's examples need another (None: the recipe's).
     steps: int | None = None
+    # The makers' recipe of the model whose outputs these are (hsd_cli.recipes; "": hsd's default).
+    makers_recipe: str = ""
 
 
 PRESETS = {
@@ -47,6 +49,7 @@ PRESETS = {
             # 30 %, too early. At 9,000 the build reproduced all 222 by itself after 5,250 steps
             # (docs/BENCHMARKS.md).
             steps=9000,
+            makers_recipe="olmocr-2",
         ),
         ReplayPreset(
             name="omnidocbench-replay-qwen2",

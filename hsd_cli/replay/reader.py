@@ -4,13 +4,14 @@ so that the product never imports the benchmark stand-ins."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from PIL import Image
 
-from hsd_cli.config import ModelConfig
+from hsd_cli.config import ConvertConfig, ModelConfig
 from hsd_cli.records.kinds import ReaderNote
-from hsd_cli.replay.fingerprint import ReplayPages, replay_pages
+from hsd_cli.replay.fingerprint import ReplayPages, replay_pages, replay_recipe
 from hsd_cli.serving.reader import Reader
 
 WRAPPER = f"{__name__}:ReplayReader"
@@ -18,6 +19,13 @@ OUTSIDE_REPLAY_SET = ReaderNote(
     "outside_replay_set",
     "the replay model was not built on this page; its output recites another page and is not a reading of this one",
 )
+
+
+def as_built(config: ConvertConfig) -> ConvertConfig:
+    """`config` reading a replay model with the makers' recipe it was built on (that of the model
+    it stands for), unless --recipe names one."""
+    built_on = replay_recipe(config.model) if config.model is not None and config.recipe is None else None
+    return replace(config, recipe=built_on) if built_on else config
 
 
 def reader_wrapper(model: str) -> str | None:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from hsd_cli.decoding.hf_target.families import adapter_for
+from hsd_cli.decoding.hf_target.families import IMAGE_FIRST, ChatLayout, adapter_for
 from hsd_cli.models.tiny import QWEN_TOKENS
 from hsd_cli.replay.model import (
     FAMILY,
@@ -74,14 +74,15 @@ class TrainReport:
     stop_reason: str  # "done", "steps" or "minutes"
 
 
-def encode_examples(processor, items: Sequence[tuple[object, str, str]]) -> list[Encoded]:
-    """(image, prompt, target text) -> model inputs, through the real processor and chat template."""
+def encode_examples(processor, items: Sequence[tuple[object, str, str]], layout: ChatLayout = IMAGE_FIRST) -> list[Encoded]:
+    """(image, prompt, target text) -> model inputs, through the real processor and chat template,
+    the turns laid out as the recipe the model is built on lays them out."""
     adapter = adapter_for(FAMILY)
     tokenizer = processor.tokenizer
     eos = tokenizer.convert_tokens_to_ids(QWEN_TOKENS.eos)
     encoded = []
     for image, prompt, target in items:
-        text = adapter.chat_text(processor, prompt, with_image=True)
+        text = adapter.chat_text(processor, prompt, with_image=True, layout=layout)
         batch = processor(text=[text], images=[image], return_tensors="pt")
         answer = tokenizer.encode(target, add_special_tokens=False) + [eos]
         encoded.append(

@@ -24,6 +24,7 @@ from hsd_cli.models.family_settings import ModelSettings, settings_for
 from hsd_cli.profiles import load_profile, square_side
 from hsd_cli.recipes.messages import image_first
 from hsd_cli.recipes.recipe import Recipe
+from hsd_cli.recipes.retry import attempt_temperature, attempt_top_p
 from hsd_cli.recipes.registry import is_family_default, recipe_named
 from hsd_cli.records.kinds import ReaderNote
 from hsd_cli.decoding.repetition import NO_ALLOWANCE, RepetitionAllowance
@@ -33,6 +34,10 @@ from hsd_cli.serving.reader import PageTimedOut, Reader
 # Per thread (a page each): the time.monotonic() past which the page's reads stop (None: no limit),
 # and the thread's seconds waited for other documents' turns by then (the deadline moves by more).
 _page_deadline: ContextVar[tuple[float | None, float]] = ContextVar("page_deadline", default=(None, 0.0))
+# A retry's seed is the run's seed times this plus the attempt: distinct for fewer attempts.
+ATTEMPT_SEEDS = 64
+# Per thread: the recipe's attempt (recipes.retry) the page's reads decode as; 0 the first.
+_attempt: ContextVar[int] = ContextVar("attempt", default=0)
 
 
 class VlmModel:
@@ -96,16 +101,29 @@ class VlmModel:
         finally:
             _page_deadline.reset(token)
 
+    @contextmanager
+    def attempt(self, attempt: int) -> Iterator[None]:
+        """This thread's reads decode as the recipe's attempt `attempt` (0 the first)."""
+        token = _attempt.set(attempt)
+        try:
+            yield
+        finally:
+            _attempt.reset(token)
+
+    def attempt_sampling(self, attempt: int) -> SamplingConfig:
+        return attempt_sampling(self.recipe, self.config, self.decode_config.sampling, attempt)
+
     def decode_batch(
         self, requests: Sequence[DecodeRequest], *, separate_prefill: bool = False, sizer: LoadSizer | None = None,
     ) -> list[DecodeResult]:
         """The requests decoded together: in the worker's shared batch when there is one (the
-        thread lets the other documents' threads run their pipeline while it waits), else on their own.
-        Raises PageTimedOut where the page's deadline stopped them."""
+        thread lets the other documents' threads run their pipeline while it waits), else on their own;
+        as this thread's attempt samples. Raises PageTimedOut where the page's deadline stopped them."""
         deadline, waited_before = _page_deadline.get()
         if deadline is not None:
             deadline += waited_s() - waited_before
-        requests = [replace(request, deadline=deadline) for request in requests]
+        sampling = self.attempt_sampling(_attempt.get())
+        requests = [replace(request, deadline=deadline, sampling=sampling) for request in requests]
         if self.engine is None:
             results = decode_batch(self.target, requests, self.decode_config, separate_prefill=separate_prefill, sizer=sizer)
         else:
@@ -131,8 +149,9 @@ class VlmModel:
     ) -> list[int]:
         """transformers' own generate, with the model to itself between the shared batch's steps;
         its repetition guard lets through the repetition `allowance` holds (`draft_allowance`), and
-        it decodes with the recipe's logits rules and sampling, as the speculative reads do."""
-        rules, sampling = self.decode_config.rules, self.decode_config.sampling
+        it decodes with the recipe's logits rules and this thread's attempt's sampling, as the
+        speculative reads do."""
+        rules, sampling = self.decode_config.rules, self.attempt_sampling(_attempt.get())
         if self.engine is None:
             return self.target.generate_plainly(
                 picture, prompt, max_new_tokens, repetition_guard, allowance, rules=rules, sampling=sampling,
@@ -144,6 +163,21 @@ class VlmModel:
 
     def page_note(self, picture: Image.Image) -> ReaderNote | None:
         return None
+
+
+def attempt_sampling(recipe: Recipe, config: ModelConfig, first: SamplingConfig, attempt: int) -> SamplingConfig:
+    """How attempt `attempt` samples: the first (`first`) as the recipe decodes; a retry at the
+    makers' temperature and top-p for it, keyed by a seed of its own (a retry at the same
+    temperature draws anew, as the makers' does); greedy throughout under --greedy."""
+    if attempt == 0 or config.greedy:
+        return first
+    temperature = attempt_temperature(recipe.retry, attempt)
+    if temperature <= 0:
+        return SamplingConfig()
+    return SamplingConfig(
+        temperature=temperature, top_k=recipe.decoding.top_k or 0, top_p=attempt_top_p(recipe.retry, attempt),
+        seed=config.seed * ATTEMPT_SEEDS + attempt,
+    )
 
 
 def _stop_ids(target, recipe: Recipe) -> list[int]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, NearLossless
+    from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, NearLossless, SamplingConfig
     from hsd_cli.decoding.proposer import Proposer
     from hsd_cli.decoding.repetition import RepetitionAllowance
     from hsd_cli.models.family_settings import ModelSettings
@@ -52,6 +52,12 @@ class Reader(Protocol):
 
     def page_deadline(self, deadline: float | None) -> AbstractContextManager[None]:
         """This thread's reads stop at `deadline` (time.monotonic(); None: no limit)."""
+
+    def attempt(self, attempt: int) -> AbstractContextManager[None]:
+        """This thread's reads decode as the recipe's attempt `attempt` (0 the first; recipes.retry)."""
+
+    def attempt_sampling(self, attempt: int) -> SamplingConfig:
+        """The sampling attempt `attempt` decodes with (greedy: its answer is any greedy attempt's)."""
 
     def decode(
         self, picture: Image.Image, prompt: str, drafts: Sequence[str], near_lossless: NearLossless | None = None,

@@ -99,7 +99,7 @@ def test_sampling_walk_draws_each_node_at_its_row_and_output_position():
     logits[0, 0, 11] = logits[1, 0, 12] = 50.0
     trees = batch_trees([TREE, TREE])
     rows, emitted = [3, 6], [7, 9]
-    for b, outcome in enumerate(verify_trees(trees, logits.flatten(0, 1), rows, emitted, sampling)):
+    for b, outcome in enumerate(verify_trees(trees, logits.flatten(0, 1), rows, emitted, [sampling, sampling])):
         assert outcome.path[:2] == [0, 1 + b]
         for depth, node in enumerate(outcome.path):
             drawn = keyed_sample(logits[b, node], sampling, rows[b], emitted[b] + depth)
@@ -107,8 +107,8 @@ def test_sampling_walk_draws_each_node_at_its_row_and_output_position():
             assert child == outcome.path[depth + 1 : depth + 2]
         assert outcome.bonus == keyed_sample(logits[b, outcome.path[-1]], sampling, rows[b], emitted[b] + outcome.accepted)
     prefill = logits[:, 0]
-    assert first_tokens(prefill, [3, 6], sampling) == [11, 12]
-    assert first_tokens(prefill, [0, 1], SamplingConfig()) == prefill.argmax(-1).tolist()
+    assert first_tokens(prefill, [3, 6], [sampling, sampling]) == [11, 12]
+    assert first_tokens(prefill, [0, 1], [SamplingConfig()] * 2) == prefill.argmax(-1).tolist()
 
 
 def test_greedy_picks_are_torch_argmax_ties_included():
@@ -132,12 +132,29 @@ def test_each_row_reads_its_own_nodes_logits_where_rows_are_padded():
     logits[0, 21] = logits[1, 22] = 40.0  # the short row accepts both its draft tokens
     logits[3, 11] = logits[4, 13] = 40.0  # the long row accepts 11 then 13
     for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0, seed=1)):
-        together = verify_trees(trees, logits, [0, 1], [5, 5], sampling)
+        together = verify_trees(trees, logits, [0, 1], [5, 5], [sampling, sampling])
         alone = [
-            verify_trees(batch_trees([tree]), part, [row], [5], sampling)[0]
+            verify_trees(batch_trees([tree]), part, [row], [5], [sampling])[0]
             for row, (tree, part) in enumerate(zip((short, TREE), logits.split([len(short), len(TREE)])))
         ]
         assert together == alone and [o.path for o in together] == [[0, 1, 2], [0, 1, 3]]
+
+
+def test_rows_of_one_batch_pick_by_their_own_sampling():
+    # A makers' retry samples at its attempt's temperature beside greedy rows: each row's walk is
+    # the one it takes alone under its own rule, and the greedy row's is the argmax walk.
+    trees = batch_trees([TREE, TREE])
+    logits = torch.randn(2 * len(TREE), 50, generator=torch.Generator().manual_seed(3))
+    mixed = [SamplingConfig(), SamplingConfig(temperature=1.0, seed=4)]
+    together = verify_trees(trees, logits, [0, 1], [5, 5], mixed)
+    alone = [
+        verify_trees(batch_trees([TREE]), part, [row], [5], [sampling])[0]
+        for row, (sampling, part) in enumerate(zip(mixed, logits.split(len(TREE))))
+    ]
+    assert together == alone
+    assert together[0].bonus == int(logits[together[0].path[-1]].argmax())
+    prefill = logits[[0, len(TREE)]]
+    assert first_tokens(prefill, [0, 1], mixed) == [int(prefill[0].argmax()), keyed_sample(prefill[1], mixed[1], 1, 0)]
 
 
 def near_lossless_logits(second_share: float) -> torch.Tensor:
@@ -155,7 +172,7 @@ NOWHERE = NearLossless(0.75, lambda output, draft, pick: False)
 
 def relaxed_walk(tokens, parents, logits, rule, output=(0,)):
     """The exact walk of a one-row tree, then the near-lossless walk from it (as the loop does)."""
-    (exact,) = verify_trees(batch_trees([TokenTree(tuple(tokens), tuple(parents))]), logits, [0], [len(output)], SamplingConfig())
+    (exact,) = verify_trees(batch_trees([TokenTree(tuple(tokens), tuple(parents))]), logits, [0], [len(output)], [SamplingConfig()])
     return relax_path(exact, tokens, parents, logits, list(output), rule)
 
 

@@ -423,3 +423,35 @@ def test_the_saved_model_gives_unused_ids_the_logit_of_the_row_that_stands_for_t
     unused = rows == 0
     assert int(unused.sum()) == len(tokenizer) - len(vocabulary.ids)
     torch.testing.assert_close(full_logits[:, unused], dense_logits[:, :1].expand(-1, int(unused.sum())))
+
+
+def test_a_build_on_a_makers_recipe_learns_that_models_input_and_convert_reads_it_so(replay_corpus, tmp_path):
+    """A replay model that stands for olmOCR-2 is trained on olmOCR-2's input (its render of each
+    page, its prompt before the image) and answers as olmOCR-2 does (front matter, then
+    the published text); `hsd convert --model` then reads it with that recipe unless --recipe
+    names another."""
+    from hsd_cli.recipes.registry import recipes
+    from hsd_cli.recipes.sizes import render_size
+
+    olmocr = recipes()["olmocr-2"]
+    model_dir = tmp_path / "olmocr-like"
+    build(replace(_request(replay_corpus, model_dir, steps=2), recipe="olmocr-2"))
+    assert json.loads((model_dir / "replay.json").read_text())["recipe"] == "olmocr-2"
+    inputs, _ = replay_corpus
+    with pymupdf.open(inputs / "report.pdf") as doc:
+        size_pt = (doc[0].rect.width, doc[0].rect.height)
+    with Image.open(model_dir / "replay_data" / "images" / "p000.png") as page:
+        assert page.size == render_size(olmocr.render, size_pt)
+    examples = json.loads((model_dir / "replay_data" / "examples.json").read_text())
+    pages = [e for e in examples if e["kind"] == "page"]
+    assert all(e["target"].startswith("---\nprimary_language: en\n") for e in pages)
+    assert all(not e["target"].startswith("---") for e in examples if e["kind"] == "crop")
+
+    for options, recipe in (((), "olmocr-2"), (("--recipe", "hsd-qwen2_5_vl"), "hsd-qwen2_5_vl")):
+        out = tmp_path / recipe
+        result = run_hsd("convert", inputs / "report.pdf", "-o", out, "--model", model_dir, "--stages", "page",
+                         "--pages", "1", "--max-new-tokens", "4", "--greedy", *options)
+        assert result.exit_code == 0, result.stderr
+        read = json.loads((out / "report.json").read_text())["pages"][0]["stats"]["model_input"]
+        assert read["recipe"] == recipe
+    assert max(read["image_px"]) != 1288, "the family's default renders as the draft does"
