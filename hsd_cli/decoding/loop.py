@@ -54,6 +54,9 @@ class DecodeRequest:
     # None: the batch's rule (DecodeConfig.sampling). A makers' retry reads at its attempt's
     # temperature and seed beside rows that read at the batch's.
     sampling: SamplingConfig | None = None
+    # None: the batch's logits rules (DecodeConfig.rules). A two-step model's block of one kind
+    # decodes by its makers' penalties for that kind beside blocks of another.
+    rules: LogitsRules | None = None
 
 
 @dataclass
@@ -124,6 +127,9 @@ class DecodeSequence:
     def sampling(self, config: DecodeConfig) -> SamplingConfig:
         return self.request.sampling or config.sampling
 
+    def rules(self, config: DecodeConfig) -> LogitsRules:
+        return self.request.rules or config.rules
+
     def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
         """Append tokens up to and including the first that ends the output (a stop token, the
         budget, a loop); return how many. Tokens are cut where plain decoding with the same guard
@@ -160,12 +166,13 @@ def _prefill(
         inputs = [target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences])]
         state, logits = target.prefill(inputs[0])
     state.rows = list(newcomers)  # the batch keys
-    if config.rules.active:
-        if config.rules.reads_prompt:
+    rules = [s.rules(config) for s in sequences]
+    if any(row_rules.active for row_rules in rules):
+        if any(row_rules.reads_prompt for row_rules in rules):
             prompts = [prompt for part in inputs for prompt in target.prompt_tokens(part)]
             for sequence, prompt in zip(sequences, prompts):
                 sequence.prompt = prompt
-        logits = rules_on_roots(logits, [(s.prompt, s.tokens) for s in sequences], config.rules)
+        logits = rules_on_roots(logits, [(s.prompt, s.tokens) for s in sequences], rules)
     first = first_tokens(logits, [s.key for s in sequences], [s.sampling(config) for s in sequences])
     elapsed = perf_counter() - start
     for sequence, token in zip(sequences, first):
@@ -215,8 +222,9 @@ def _step(target: Target, state: TargetState, active: list[DecodeSequence], conf
     proposed_at = perf_counter()
     logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, trees.valid))
     forwarded_at = perf_counter()
-    if config.rules.active:  # every node's logits with its own path's tokens, before any pick
-        logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in active], config.rules)
+    rules = [s.rules(config) for s in active]
+    if any(row_rules.active for row_rules in rules):  # every node's logits with its own path's tokens, before any pick
+        logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in active], rules)
     outcomes = _verify(active, trees, logits, config)
     target.commit(state, trees.width, [o.path for o in outcomes])
     # Each row's accepted tokens are read from its own tree (Python tuples), not from the batch's tensors.
