@@ -163,10 +163,12 @@ def _draft_s(pages: Sequence[CorpusPage]) -> float:
     return sum(page.draft_cpu_s for page in pages) / len(pages)
 
 
-def _with_projection(entry: dict[str, Any], runs: dict[str, dict[int, ProjectedRun]], draft_s: float) -> None:
+def _with_projection(entry: dict[str, Any], runs: dict[str, dict[int, ProjectedRun]], draft_s: float,
+                     rows_held: int | None) -> None:
     from hsd_cli.bench.corpus_projection import projected_json
 
     projection = projected_json(runs)
+    entry["projected_rows_held"] = rows_held  # more rows than the device's memory holds are not priced
     for arm, figures in projection["arms"].items():
         entry["arms"][arm]["projected"] = figures | {"draft_cores": round(draft_s * figures["pages_per_s"], 3)}
     entry["projected_by_rows"] = projection["by_rows"]
@@ -174,19 +176,20 @@ def _with_projection(entry: dict[str, Any], runs: dict[str, dict[int, ProjectedR
 
 def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], plan: BenchPlan, projected_rows: Sequence[int],
                   graph_saving_s: float, progress: Any) -> dict[str, Any]:
-    from hsd_cli.bench.corpus_projection import projected_arms, summed
+    from hsd_cli.bench.corpus_projection import memory_rows, projected_arms, summed
 
     kinds = [kind for kind in KINDS if any(page.kind == kind for page in pages)]
     of_kind = {kind: [page for page in pages if page.kind == kind] for kind in kinds}
     measured: dict[str, Measured] = {}
     projected: dict[str, dict[str, dict[int, ProjectedRun]]] = {}
+    outputs: dict[str, list[int]] = {}
     model.target.generate_plainly(pages[0].picture, model.settings.page_prompt, 1)  # lazy initialisation, untimed
     for kind in kinds:
         progress(f"{kind}: {len(of_kind[kind])} pages")
         measured[kind] = searched_runs(lambda arm, r: arm_run(model, of_kind[kind], arm, r, plan.sizing), plan.search,
                                        plan.repeats, progress)
         if model.profile is not None:
-            outputs = measured[kind].runs["generate"][1][0].tokens
+            outputs |= measured[kind].runs["generate"][1][0].tokens
             projected[kind] = projected_arms(
                 of_kind[kind], outputs, model.target.tokenizer, model.target.stop_token_ids, model.profile,
                 model.settings.draft_match, model.decode_config, projected_rows, graph_saving_s, plan.sizing,
@@ -201,7 +204,8 @@ def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], plan: BenchPlan,
         entry["draft_cpu_s_per_page"] = round(draft_s[kind], 4)
         entry["rows_stopped"] = measured[kind].stopped if kind in measured else None
         if kind in projected:
-            _with_projection(entry, projected[kind], draft_s[kind])
+            chosen = pages if kind == "all" else of_kind[kind]
+            _with_projection(entry, projected[kind], draft_s[kind], memory_rows(model.profile, chosen, outputs))
         report["kinds"][kind] = entry
     report["draft_cpu_s_per_page"] = round(draft_s["all"], 4)
     return report

@@ -3,14 +3,16 @@ does; projected seconds are the profile's prices of the steps the loop takes."""
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pymupdf
 import pytest
 from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
-from hsd_cli.bench.corpus_projection import FILL, ProjectedRun, projected_arms, projected_json, projected_seconds, read_sizers
+from hsd_cli.bench.corpus_projection import (
+    FILL, ProjectedRun, feasible_rows, memory_rows, projected_arms, projected_json, projected_seconds, read_sizers, summed,
+)
 from hsd_cli.bench.throughput_runs import (
     ArmRun, RowSearch, cycled, interleaved, median_summary, paired_ratio, searched_runs, streamed,
 )
@@ -262,3 +264,26 @@ def test_a_page_read_to_other_tokens_on_a_later_cycle_is_not_identical():
     run = timed_run(1.0, pages=2)
     run.add_tokens("p0", [1, 3], 0.0)
     assert run.summary(None)["identical_share"] == 0.5
+
+
+def test_the_projection_prices_only_the_rows_the_devices_memory_holds_at_the_pages_context():
+    from hsd_cli.profiles import DeviceMemory
+    from hsd_cli.serving.rows import GIB, device_rows
+
+    # 10 GiB beside 1 GiB of weights; a row's cache at a page's context (its prompt and its output).
+    memory = DeviceMemory(device_bytes=10 * GIB, weight_bytes=GIB, kv_bytes_per_token=32 << 20)
+    profile = replace(flat_profile("analytic"), memory=memory)
+    context = sum(profile.prefill_tokens(page.side) + len(ANSWERS[page.id]) for page in PAGES) / len(PAGES)
+    held = memory_rows(profile, PAGES, ANSWERS)
+    assert held == device_rows(10 * GIB, GIB, round(context * (32 << 20))) and 2 < held < 8
+    assert memory_rows(flat_profile("analytic"), PAGES, ANSWERS) is None, "no memory in the profile: unbounded"
+    config = DecodeConfig(max_new_tokens=64, repetition_guard=False)
+    arms = projected_arms(PAGES, ANSWERS, SpaceTokenizer(), [STOP], profile, "tokens", config, (1, 2, held, held + 1, 448), 0.0)
+    assert set(arms["plain-cb"]) == set(arms["hsd-cb"]) == {1, 2, held}, "rows past the memory are not priced"
+    assert feasible_rows((1, 8), 0) == (1,), "a model that fits no row is priced alone"
+
+
+def test_the_kinds_summed_at_the_rows_every_kind_held():
+    runs = [{"plain-cb": {1: ProjectedRun(1, 1.0, 0.5), 8: ProjectedRun(8, 2.0, 1.0)}},
+            {"plain-cb": {1: ProjectedRun(2, 1.0, 0.5)}}]
+    assert summed(runs) == {"plain-cb": {1: ProjectedRun(3, 2.0, 1.0)}}
