@@ -123,11 +123,20 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
 
     push_children(ranked, 0, 0)
     while frontier and len(tokens) <= budget:
-        _, _, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
+        score, count, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
         best = sharing[0].source
         tokens.append(token)
         parents.append(parent_index)
         sources.append(None if best is None else (best[0], best[1] + depth - 1))
+        if count == -1 and (not frontier or frontier[0][:2] > (score, -1)):
+            # A lone continuation's next node would be pushed with this key and a larger serial
+            # than any waiting, so popped next, and so on down its tokens: take them at once.
+            rest = sharing[0].tokens[depth : depth + budget + 1 - len(tokens)]
+            first = len(tokens)
+            tokens.extend(rest)
+            parents.extend(range(first - 1, first - 1 + len(rest)))
+            sources.extend([None] * len(rest) if best is None else [(best[0], best[1] + d) for d in range(depth, depth + len(rest))])
+            depth += len(rest)
         push_children(sharing, depth, len(tokens) - 1)
     return TokenTree(tuple(tokens), tuple(parents), max((c.score for c in continuations), default=0)), sources
 
