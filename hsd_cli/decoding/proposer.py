@@ -9,6 +9,8 @@ target accepted (bonus excluded).
 from __future__ import annotations
 
 import heapq
+import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -123,6 +125,9 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
 
     push_children(ranked, 0, 0)
     while frontier and len(tokens) <= budget:
+        if all(entry[1] == -1 for entry in frontier):
+            _take_in_turn(frontier, tokens, parents, sources, budget)
+            break
         score, count, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
         best = sharing[0].source
         tokens.append(token)
@@ -139,6 +144,21 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
             depth += len(rest)
         push_children(sharing, depth, len(tokens) - 1)
     return TokenTree(tuple(tokens), tuple(parents), max((c.score for c in continuations), default=0)), sources
+
+
+def _take_in_turn(frontier: list, tokens: list[int], parents: list[int], sources: list[Source], budget: int) -> None:
+    """`build_trie`'s loop once every waiting node is a lone continuation's, without the heap: a
+    taken node's child waits with its key and a serial past every other, so the continuations of
+    one score are taken in turn (first in, first out) until they end, then the next score's."""
+    for _, group in itertools.groupby(sorted(frontier), key=lambda entry: entry[0]):
+        queue = deque((parent, through[0], depth) for _, _, _, parent, _, through, depth in group)
+        while queue and len(tokens) <= budget:
+            parent, item, depth = queue.popleft()
+            tokens.append(item.tokens[depth - 1])
+            parents.append(parent)
+            sources.append(None if item.source is None else (item.source[0], item.source[1] + depth - 1))
+            if depth < len(item.tokens):
+                queue.append((len(tokens) - 1, item, depth + 1))
 
 
 def _walk(tree: TokenTree, accepted: Sequence[int]) -> int:
