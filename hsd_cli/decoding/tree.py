@@ -100,12 +100,12 @@ class TreeBatch:
 def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0) -> TreeBatch:
     """Pad trees to the widest. A padding node sees only itself (no row of the mask is empty).
     Tokens and parents are laid out for all rows at once, so are chains (a plain step's root is
-    one): a step's Python work per row is its tokens' copy, and the ancestors of the nodes of a
-    row that branches."""
+    one), and the masks of the rows that branch from their parents, a node column at a time over
+    them all (`branching_layout`): a step's Python work per row is its tokens' copy."""
     if len(trees) == 1:  # a document decoded alone: none of the batch's bookkeeping
         return _one_tree_batch(trees[0])
     count = len(trees)
-    sizes = np.fromiter(map(len, trees), dtype=np.int64, count=count)
+    sizes = np.fromiter([len(tree.tokens) for tree in trees], dtype=np.int64, count=count)
     width = int(sizes.max())
     valid = np.arange(width) < sizes[:, None]
     nodes = int(sizes.sum())
@@ -120,11 +120,26 @@ def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0) -> TreeBatch:
     depths = np.where(valid, node, 0)
     branching = np.flatnonzero(((parents != node - 1) & valid).any(1))
     if branching.size:
-        block, block_valid = ancestors[branching], valid[branching]
-        block[block_valid] = bit_rows([bits for row in branching.tolist() for bits in ancestor_bits(trees[row].parents)], width)
-        ancestors[branching] = block
-        depths[branching] = np.where(block_valid, block.sum(-1) - 1, 0)
+        ancestors[branching], depths[branching] = branching_layout(parents[branching], valid[branching])
     return TreeBatch(*(torch.from_numpy(a) for a in (tokens, parents, depths, ancestors, valid)))
+
+
+def branching_layout(parents: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ancestor masks (B, K, K) and depths (B, K) of padded rows of trees, swept one node column
+    at a time over all rows (A[i] = A[parent[i]] | e_i: parents precede their children), so a
+    step's Python work grows with its width, not with its rows' nodes. Padding nodes see only
+    themselves, at depth 0."""
+    count, width = parents.shape
+    rows, node = np.arange(count), np.arange(width)
+    ancestors = np.zeros((count, width, width), dtype=bool)
+    ancestors[:, node, node] = True
+    depths = np.zeros((count, width), dtype=np.int64)
+    above = parents.clip(min=0)
+    for column in range(1, width):
+        inherited = ancestors[rows, above[:, column]] & valid[:, column, None]
+        ancestors[:, column] |= inherited
+        depths[:, column] = np.where(valid[:, column], depths[rows, above[:, column]] + 1, 0)
+    return ancestors, depths
 
 
 def _one_tree_batch(tree: TokenTree) -> TreeBatch:
