@@ -64,7 +64,7 @@ class NoDraftProposer:
         pass
 
     def propose(self, context: Sequence[int]) -> TokenTree:
-        return TokenTree.chain(context[-1], ())
+        return TokenTree((context[-1],), (-1,))
 
     def observe(self, accepted: Sequence[int]) -> None:
         pass
@@ -164,8 +164,11 @@ def _take_in_turn(frontier: list, tokens: list[int], parents: list[int], sources
 def _walk(tree: TokenTree, accepted: Sequence[int]) -> int:
     """The node reached by following `accepted` tokens down from the root."""
     node = 0
-    for token in accepted:
-        node = next(i for i in range(node + 1, len(tree)) if tree.parents[i] == node and tree.tokens[i] == token)
+    for token in accepted:  # the first later node with the token whose parent is the node (a chain's next)
+        child = tree.tokens.index(token, node + 1)
+        while tree.parents[child] != node:
+            child = tree.tokens.index(token, child + 1)
+        node = child
     return node
 
 

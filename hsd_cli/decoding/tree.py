@@ -8,6 +8,7 @@ children (parents[i] < i), which lets the layout be built in one forward sweep.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,8 +27,10 @@ class TokenTree:
     def __post_init__(self):
         if len(self.tokens) != len(self.parents) or not self.tokens:
             raise ValueError("a tree needs one parent per token and at least the root")
-        # Nodes past the root checked one by one only where there are some: every plain row's tree is a root alone.
-        if self.parents[0] != -1 or len(self.parents) > 1 and any(not 0 <= p < i for i, p in enumerate(self.parents) if i):
+        # Nodes past the root checked only where there are some (every plain row's tree is a root
+        # alone), in C (min, map): a proposer's tree is built every step of every row.
+        rest = self.parents[1:]
+        if self.parents[0] != -1 or rest and (min(rest) < 0 or not all(map(operator.lt, rest, range(1, len(self.parents))))):
             raise ValueError(f"parents must be -1 for the root and point backwards: {self.parents}")
 
     @classmethod
