@@ -21,7 +21,7 @@ from .repetition import NO_ALLOWANCE, RepetitionAllowance, RepetitionGuard, Repe
 from .sizing import LoadSizer
 from .stats import DecodeStats, StepSeconds
 from .timing import wait_for
-from .tree import TokenTree, TreeBatch, batch_trees
+from .tree import TokenTree, TreeBatch, batch_trees, step_shape
 from .verify import NearLossless, SamplingConfig, StepOutcome, first_tokens, relax_path, row_logits, verify_trees
 
 
@@ -32,6 +32,10 @@ class DecodeConfig:
     repetition_guard: bool = True  # stop where the output loops (repetition.py says what a loop is)
     stop_token_ids: tuple[int, ...] | None = None  # None: the target's own stop tokens
     rules: LogitsRules = LogitsRules()  # penalties and n-gram bans, applied at every tree node (logits_rules.py)
+    # Pad each step's trees to its bucketed width (tree.step_shape), so that a device replaying
+    # captured graphs meets a few shapes only; padding nodes get no logits, so outputs do not
+    # change. Off: a CPU captures nothing, and pays for every padding node's attention.
+    bucket_widths: bool = False
 
 
 @dataclass
@@ -221,7 +225,8 @@ def _step(
 ) -> None:
     start = perf_counter()
     proposed, row_trees = _propose(active)
-    trees = batch_trees(row_trees)
+    width = step_shape(len(row_trees), [len(tree) for tree in row_trees])[1] if config.bucket_widths else None
+    trees = batch_trees(row_trees, width=width)
     proposed_at = perf_counter()
     logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, trees.valid))
     forwarded_at = perf_counter()

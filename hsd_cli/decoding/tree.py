@@ -85,6 +85,25 @@ def positions(layout: TreeLayout, base: int) -> np.ndarray:
     return base + layout.depths
 
 
+# The shapes a step's forward is padded to where shapes are bucketed (`step_shape`): a device
+# that replays a captured graph per shape (CUDA graphs) then needs len(ROW_BUCKETS) x
+# len(WIDTH_BUCKETS) of them. Widths reach a trie's budget plus its root (41) and a chain's
+# `chain_max` plus its root (33); rows the most a worker keeps in flight.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+WIDTH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64)
+
+
+def bucket(size: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `size`; past the largest, the next multiple of the largest."""
+    fitting = next((b for b in buckets if b >= size), None)
+    return fitting if fitting is not None else -(-size // buckets[-1]) * buckets[-1]
+
+
+def step_shape(rows: int, widths: Sequence[int]) -> tuple[int, int]:
+    """The bucketed (rows, nodes per row) of a step whose rows' trees are `widths` nodes wide."""
+    return bucket(rows, ROW_BUCKETS), bucket(max(widths), WIDTH_BUCKETS)
+
+
 @dataclass(frozen=True)
 class TreeBatch:
     """Several trees padded to one width for a single forward pass."""
@@ -100,16 +119,17 @@ class TreeBatch:
         return self.tokens.shape[1]
 
 
-def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0) -> TreeBatch:
-    """Pad trees to the widest. A padding node sees only itself (no row of the mask is empty).
+def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0, width: int | None = None) -> TreeBatch:
+    """Pad trees to the widest, or to `width` nodes (no fewer than the widest: a step's bucketed
+    width, `step_shape`). A padding node sees only itself (no row of the mask is empty).
     Tokens and parents are laid out for all rows at once, so are chains (a plain step's root is
     one), and the masks of the rows that branch from their parents, a node column at a time over
     them all (`branching_layout`): a step's Python work per row is its tokens' copy."""
-    if len(trees) == 1:  # a document decoded alone: none of the batch's bookkeeping
+    if len(trees) == 1 and width in (None, len(trees[0])):  # a document decoded alone: none of the batch's bookkeeping
         return _one_tree_batch(trees[0])
     count = len(trees)
     sizes = np.fromiter([len(tree.tokens) for tree in trees], dtype=np.int64, count=count)
-    width = int(sizes.max())
+    width = max(int(sizes.max()), width or 0)
     valid = np.arange(width) < sizes[:, None]
     nodes = int(sizes.sum())
     tokens = np.full((count, width), pad_token, dtype=np.int64)
