@@ -207,7 +207,7 @@ def _propose(active: list[DecodeSequence]) -> tuple[list[TokenTree], list[TokenT
 def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor, config: DecodeConfig) -> list[StepOutcome]:
     """Each row's exact outcome, and where the row's request has the near-lossless rule, its walk
     under the rule from there."""
-    samplings = [s.sampling(config) for s in active]
+    samplings = [s.request.sampling or config.sampling for s in active]  # `DecodeSequence.sampling`, without a call a row
     outcomes = verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], samplings)
     if all(s.request.near_lossless is None for s in active):
         return outcomes

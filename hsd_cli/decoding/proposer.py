@@ -8,6 +8,7 @@ target accepted (bonus excluded).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections import deque
@@ -55,6 +56,13 @@ class DraftSink(Protocol):
     def add_drafts(self, drafts: Sequence[Sequence[int]]) -> None: ...
 
 
+@functools.lru_cache(maxsize=4096)
+def root_alone(root: int) -> TokenTree:
+    """The tree of a plain step: trees are immutable, so every plain row of every step shares one
+    per root token instead of building its own."""
+    return TokenTree((root,), (-1,))
+
+
 class NoDraftProposer:
     """Plain decoding: every step verifies the root alone."""
 
@@ -64,7 +72,7 @@ class NoDraftProposer:
         pass
 
     def propose(self, context: Sequence[int]) -> TokenTree:
-        return TokenTree((context[-1],), (-1,))
+        return root_alone(context[-1])
 
     def observe(self, accepted: Sequence[int]) -> None:
         pass
@@ -83,7 +91,7 @@ def _matched_suffix(context: Sequence[int], draft: Sequence[int], end: int, limi
 Source = tuple[int, int] | None  # (draft, position) a proposed token was copied from
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a step builds one per matching occurrence, and a frozen one takes twice as long
 class Continuation:
     tokens: Sequence[int]
     score: int  # higher is proposed first (how much context the occurrence matched)
