@@ -288,3 +288,18 @@ def test_bucketed_widths_pad_the_forward_and_change_no_output(tiny_target, page_
         assert [one.stats.as_dict()[c] for c in counts] == [other.stats.as_dict()[c] for c in counts]
     widths = {width for result in bucketed for _, width, _ in result.stats.steps}
     assert widths <= set(WIDTH_BUCKETS) and widths != {width for result in exact for _, width, _ in result.stats.steps}
+
+
+@pytest.mark.parametrize(
+    "chunk, tokens, reason",
+    [
+        ([1, 2, 3], [5, 1, 2, 3], None),  # nothing ends the output: the whole chunk
+        ([1, 99, 3], [5, 1, 99], "eos"),  # cut after the stop token
+        ([1, 2, 3, 4], [5, 1, 2, 3, 4], "budget"),  # the budget reached at the chunk's last token
+        ([1, 2, 3, 4, 6], [5, 1, 2, 3, 4], "budget"),  # and past it
+    ],
+)
+def test_a_rows_chunk_is_emitted_up_to_what_ends_its_output(chunk, tokens, reason):
+    sequence = loop.DecodeSequence(DecodeRequest(None, ""), 0, tokens=[5])
+    emitted = sequence.emit(chunk, {99}, DecodeConfig(max_new_tokens=5))
+    assert (sequence.tokens, sequence.stop_reason, emitted) == (tokens, reason, len(tokens) - 1)
