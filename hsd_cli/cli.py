@@ -172,6 +172,13 @@ def convert(
     seed: Annotated[
         int, typer.Option(envvar=_env("seed"), help="Seed of the sampling where the recipe samples: a seed gives the same text with or without speculation.")
     ] = 0,
+    layout_model: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR", envvar=_env("layout_model"),
+            help="A layout model's directory (PP-DocLayoutV3) for a model whose makers find a page's blocks with one before reading each (PaddleOCR-VL, GLM-OCR); default: hsd's draft layout stands in.",
+        ),
+    ] = None,
     profile: Annotated[
         str | None,
         typer.Option(envvar=_env("profile"), help="Cost profile (a name `hsd profile` stored, or a JSON file) that --stages auto plans each page with (default: the stored profile of this model, device and dtype, if there is one; else a fixed rule)."),
@@ -269,6 +276,7 @@ def convert(
             recipe=recipe,
             greedy=greedy,
             seed=seed,
+            layout_model=os.path.expanduser(layout_model) if layout_model else None,
         )
         run_config = RunConfig(
             overwrite=overwrite,

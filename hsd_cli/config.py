@@ -85,6 +85,9 @@ class ConvertConfig:
     recipe: str | None = None  # None: the makers' recipe of a known model id, else the family's default
     greedy: bool = False  # decode greedily where the recipe's makers sample
     seed: int = 0  # the keyed sampler's seed where the recipe samples: a seed gives the same text with or without speculation
+    # A layout model's directory (PP-DocLayoutV3) for a two-step recipe whose makers find the
+    # blocks with one; None: hsd's draft layout stands in for it.
+    layout_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.stages in (Stages.PAGE, Stages.REGION_PAGE, Stages.PACKED) and self.model is None:
@@ -103,6 +106,8 @@ class ConvertConfig:
             raise UsageError("--near-lossless needs a VLM: give --model ID|DIR")
         if self.recipe is not None and self.model is None:
             raise UsageError("--recipe needs a VLM: give --model ID|DIR")
+        if self.layout_model is not None and self.model is None:
+            raise UsageError("--layout-model needs a VLM: give --model ID|DIR")
         if self.pages is not None:
             parse_page_ranges(self.pages)  # validate early: a typo is a usage error, not N failures
 
@@ -151,6 +156,7 @@ class ModelConfig:
     recipe: str = ""
     greedy: bool = False  # greedy where the recipe's makers sample
     seed: int = 0  # the keyed sampler's seed
+    layout_model: str | None = None  # the layout model's directory (a two-step recipe's); None: the draft's layout
     # "module:callable" that wraps the model's reader (a benchmark stand-in flags the pages it was
     # not built on); the worker imports it by name, so the product never imports the stand-ins.
     reader_wrapper: str | None = None

@@ -155,3 +155,36 @@ def test_paddleocr_vl_16_reads_the_blocks_its_layout_model_finds_as_plain_decodi
     assert reading.blocks and len(reading.blocks) <= len(read)
     assert all(b.label in {r.label for r in read} for b in reading.blocks)
     assert reading.result.tokens == plain_reads(model, page.picture, reading)
+
+
+@pytest.mark.slow
+def test_convert_reads_the_blocks_a_layout_model_from_a_directory_finds(tiny_layout, docs_dir, tmp_path):
+    """`--layout-model DIR`: the worker loads it at its makers' threshold and the two-step way reads
+    what it finds (a random layout model's scores, about 1/26, find nothing at 0.3); a recipe that
+    reads its layout itself, or in one pass, refuses one in a line."""
+    import json
+
+    from hsd_cli.models.layout import LayoutModel
+    from hsd_cli.models.tiny_families import build_tiny_random
+    from hsd_cli.serving.model import VlmModel
+    from tests.conftest import run_hsd
+    from tests.fixtures import model_config
+
+    path = build_tiny_random("paddleocr_vl", tmp_path / "tiny")
+    model = VlmModel(model_config(path, recipe="paddleocr-vl-1.6", dtype="float32", device="cpu", layout_model=str(tiny_layout)))
+    picture = _page().picture
+    assert model.layout_model(picture) == LayoutModel(tiny_layout, threshold=0.3).blocks(picture)
+
+    out = tmp_path / "out"
+    result = run_hsd("convert", docs_dir / "report.pdf", "-o", out, "--model", path, "--recipe", "paddleocr-vl-1.6",
+                     "--layout-model", tiny_layout, "--pages", "1", "--max-new-tokens", "4", "--dtype", "float32")
+    assert result.exit_code == 0, result.stderr
+    two_step = json.loads((out / "report.json").read_text())["pages"][0]["stats"]["two_step"]
+    assert two_step["layout_from"] == "layout_model" and two_step["blocks"] == []
+    drafted = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "drafted", "--model", path, "--recipe", "paddleocr-vl-1.6",
+                      "--pages", "1", "--max-new-tokens", "4", "--dtype", "float32")
+    assert json.loads((tmp_path / "drafted" / "report.json").read_text())["pages"][0]["stats"]["two_step"]["layout_from"] == "draft"
+
+    refused = run_hsd("convert", docs_dir / "report.pdf", "-o", tmp_path / "no", "--model", path, "--recipe", "paddleocr-vl",
+                      "--layout-model", tiny_layout)
+    assert refused.exit_code == 2 and "PP-DocLayoutV3 only" in refused.stderr

@@ -95,7 +95,7 @@ def read_stage(page: Page, model: Reader, so_far: DocumentSoFar) -> Reading | No
         case Way.BLOCKS:
             from hsd_cli.stages.blocks import blocks_stage
 
-            reading = blocks_stage(model, page, settings)
+            reading = blocks_stage(model, page, settings, model.layout_model)
         case Way.PACKED:
             # Region passes run inside the page stage's forwards: their seconds are the page's.
             reading = packed_stage(model, page, plan.regions, settings)

@@ -58,8 +58,8 @@ def stats_json(page: Page) -> dict[str, Any] | None:
         stats["near_lossless"] = {"tau": reading.near_lossless, "relaxed": result.stats.relaxed}
     if reading.regions:
         stats["regions"] = regions_json(reading.regions)
-    if reading.blocks or reading.layout is not None:
-        stats["two_step"] = blocks_json(reading.layout, reading.blocks)
+    if reading.layout_from is not None:
+        stats["two_step"] = blocks_json(reading.layout, reading.blocks, reading.layout_from)
     if reading.baseline is not None:
         stats["baseline"] = reading.baseline.as_json()
     if page.plan is not None and page.plan.predicted:

@@ -33,9 +33,10 @@ class BlockReading:
         }
 
 
-def blocks_json(layout: BlockReading | None, blocks: tuple[BlockReading, ...]) -> dict[str, Any]:
-    """The page JSON's `two_step`: the layout step where the model read one, then every block."""
-    record: dict[str, Any] = {"blocks": [block.as_json() for block in blocks]}
+def blocks_json(layout: BlockReading | None, blocks: tuple[BlockReading, ...], layout_from: str | None) -> dict[str, Any]:
+    """The page JSON's `two_step`: who found the blocks (the model's own layout step, the layout
+    model, or hsd's draft standing in for it), the layout step where the model read one, then every block."""
+    record: dict[str, Any] = {"layout_from": layout_from, "blocks": [block.as_json() for block in blocks]}
     if layout is not None:
         record["layout"] = layout.as_json()
     return record

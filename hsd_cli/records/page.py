@@ -106,6 +106,7 @@ class Reading:
     not_accepted: tuple[str, ...] = ()  # why the makers would not accept this last reading either (its fallback stands in)
     layout: BlockReading | None = None  # the two-step way's layout step, where the model itself read one
     blocks: tuple[BlockReading, ...] = ()  # the two-step way's block readings, in reading order
+    layout_from: str | None = None  # who found the two-step way's blocks: "model", "layout_model" or "draft"
 
     @property
     def reads(self) -> int:

@@ -4,7 +4,7 @@ load sizers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
@@ -57,6 +57,7 @@ class VlmModel:
         self.target.stop_token_ids = _stop_ids(self.target, self.recipe)
         self.decode_config = recipe_decode_config(self.recipe, config, self.target.tokenizer)
         self.near_lossless = config.near_lossless
+        self.layout_model = _layout_model(config, self.recipe)
         self.profile = load_profile(config.profile) if config.profile else None
         self.engine = None
         if rows > 1:
@@ -166,6 +167,15 @@ class VlmModel:
 
     def page_note(self, picture: Image.Image) -> ReaderNote | None:
         return None
+
+
+def _layout_model(config: ModelConfig, recipe: Recipe) -> Callable[[Image.Image], list] | None:
+    """The blocks the layout model finds in a picture, at its makers' threshold (None: no layout model)."""
+    if config.layout_model is None:
+        return None
+    from hsd_cli.models.layout import LayoutModel
+
+    return LayoutModel(config.layout_model, device=config.device, threshold=recipe.two_step.layout.threshold).blocks
 
 
 def attempt_sampling(recipe: Recipe, config: ModelConfig, first: SamplingConfig, attempt: int) -> SamplingConfig:

@@ -4,7 +4,7 @@ benchmark stand-in's, named by `ModelConfig.reader_wrapper`) can stand between t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from hsd_cli.decoding.proposer import Proposer
     from hsd_cli.decoding.repetition import RepetitionAllowance
     from hsd_cli.models.family_settings import ModelSettings
+    from hsd_cli.models.layout import FoundBlock
     from hsd_cli.profiles import Profile
     from hsd_cli.recipes.recipe import Decoding, Recipe, Render
     from hsd_cli.records.kinds import ReaderNote
@@ -33,6 +34,8 @@ class Reader(Protocol):
     near_lossless: float | None  # --near-lossless TAU; the stages give the rule its policy (None: lossless)
     recipe: Recipe  # how the model's makers feed it and read its answer (hsd_cli.recipes)
     picture_render: Render | None  # how the recipe renders a page for the model; None: as the draft renders it
+    # A two-step recipe's layout model: the blocks it finds in a picture (None: the draft's layout).
+    layout_model: Callable[[Image.Image], list[FoundBlock]] | None
 
     def encode(self, text: str) -> list[int]: ...
 

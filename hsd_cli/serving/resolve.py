@@ -4,6 +4,7 @@ dtype, token budget, cost profile) is decided here, so that the workers only rea
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hsd_cli.config import ConvertConfig, ModelConfig
@@ -93,6 +94,18 @@ def _recipe(named: str | None, model: str, family: str) -> Recipe:
     return recipe_to_read(model, settings_for(family))
 
 
+def _check_layout_model(directory: str, recipe: Recipe) -> None:
+    """A layout model serves a recipe whose makers find a page's blocks with one."""
+    two_step = recipe.two_step
+    if two_step is None or two_step.layout.finder == "vlm":
+        reads = "in one pass" if two_step is None else "its layout itself"
+        raise RecipeError(f"--layout-model: recipe {recipe.name!r} reads a page {reads}; a layout model serves PaddleOCR-VL's and GLM-OCR's")
+    if two_step.layout.finder != "pp-doclayout-v3":
+        raise RecipeError(f"--layout-model: recipe {recipe.name!r} finds blocks with {two_step.layout.finder}; hsd loads PP-DocLayoutV3 only")
+    if not (Path(directory) / "config.json").is_file():
+        raise RecipeError(f"--layout-model {directory}: no layout model there (no config.json)")
+
+
 def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> ModelConfig | None:
     """The model options of `config` complete (None where no model reads the pages). Raises
     ModelUnavailableError, UnsupportedFamilyError, RecipeError or SettingsFileError (a family
@@ -115,12 +128,14 @@ def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> M
     recipe = _recipe(config.recipe, config.model, family)
     if config.near_lossless is not None and recipe.decoding.temperature > 0 and not config.greedy:
         raise RecipeError(f"--near-lossless decodes greedily, and recipe {recipe.name!r} samples: add --greedy")
+    if config.layout_model is not None:
+        _check_layout_model(config.layout_model, recipe)
     device = config.device or default_device()
     dtype = config.dtype or default_dtype(device)
     return ModelConfig(
         model=config.model, family=family, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code,
         max_new_tokens=config.max_new_tokens or recipe.decoding.max_new_tokens, baseline=config.baseline, recipe=recipe.name,
         profile=_profile(config.profile, config.model, device, dtype), near_lossless=config.near_lossless,
-        greedy=config.greedy, seed=config.seed,
+        greedy=config.greedy, seed=config.seed, layout_model=config.layout_model,
         reader_wrapper=reader_wrapper,
     )

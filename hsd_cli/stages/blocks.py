@@ -155,11 +155,11 @@ def blocks_stage(
     two_step = model.recipe.two_step
     layout_result = layout_step(model, page, two_step) if two_step.layout.finder == "vlm" else None
     if layout_result is not None:
-        layout = parse_layout(layout_result.text)
+        layout, layout_from = parse_layout(layout_result.text), "model"
     elif layout_model is not None:
-        layout = found_layout(layout_model(page.model_view), page.model_view.size)
+        layout, layout_from = found_layout(layout_model(page.model_view), page.model_view.size), "layout_model"
     else:
-        layout = draft_layout(page.blocks, page.size_pt, two_step)  # standing in for the layout model
+        layout, layout_from = draft_layout(page.blocks, page.size_pt, two_step), "draft"  # standing in for the layout model
     to_read = blocks_to_read(page, layout, two_step, settings)
     results = read_blocks(model, to_read)
     readings = tuple(
@@ -175,7 +175,8 @@ def blocks_stage(
     stop_reason = "budget" if any(result.stop_reason == "budget" for result in every) else "eos"
     text = page_markdown(two_step, [(reading.label, reading.raw) for reading in readings])
     page_result = DecodeResult([token for result in every for token in result.tokens], summed(every), stop_reason, text)
-    return Reading(result=page_result, front_matter=None, text=text, dialect={}, layout=layout_read, blocks=readings)
+    return Reading(result=page_result, front_matter=None, text=text, dialect={}, layout=layout_read, blocks=readings,
+                   layout_from=layout_from)
 
 
 def plain_reads(model: Reader, picture: Image.Image, read: Reading) -> list[int]:
