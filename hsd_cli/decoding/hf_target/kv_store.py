@@ -29,13 +29,13 @@ import torch
 
 from .cache import BatchState
 
-# Smallest slot count the store allocates: a prompt is rarely shorter, and a forward's nodes fit.
+# Room a new store leaves at least past its longest row: the first forwards' nodes fit in it.
 MIN_SLOTS = 64
 
 
 def _room(needed: int, held: int) -> int:
     """Capacity that holds `needed`: `held` if it does, else at least double it (amortised growth)."""
-    return held if needed <= held else max(needed, 2 * held, MIN_SLOTS)
+    return held if needed <= held else max(needed, 2 * held)
 
 
 def first_slots(longest: int) -> int:
