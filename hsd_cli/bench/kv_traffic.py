@@ -29,7 +29,8 @@ META = torch.device("meta")
 class TrafficCounter(TorchDispatchMode):
     """Counts, per aten op on `device`, the bytes it allocates (a new tensor, written whole) and
     the bytes it writes (new tensors and in-place writes: a scatter's or index copy's source, a
-    copy's destination). Views allocate and write nothing."""
+    copy's destination), of floating-point tensors: the cache's entries, not the index and length
+    bookkeeping beside them (a few bytes a row). Views allocate and write nothing."""
 
     def __init__(self, device: torch.device = META) -> None:
         super().__init__()
@@ -42,7 +43,7 @@ class TrafficCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         values = out if isinstance(out, (tuple, list)) else (out,)
         for returned, value in zip(func._schema.returns, values):
-            if not isinstance(value, torch.Tensor) or value.device != self.device:
+            if not isinstance(value, torch.Tensor) or value.device != self.device or not value.is_floating_point():
                 continue
             if returned.alias_info is None:
                 self.allocated += _nbytes(value)
