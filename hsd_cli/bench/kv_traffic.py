@@ -130,7 +130,8 @@ def _step(shape: KVShape, state, nodes: int, kept: list[list[int]], store: bool)
 
 def measure(shape: KVShape, rows: int, context: int, *, store: bool, nodes: int = 16, steps: int = 4) -> Traffic:
     """The bytes of `steps` steps of `rows` rows (contexts of about `context` tokens, slightly
-    ragged), then of the middle row leaving and a row of `context` tokens joining."""
+    ragged), then of the middle row leaving and a row of `context` tokens joining (its prefill's
+    cache made into the batch's: with the store, its own store first)."""
     lengths = [context - 7 * row for row in range(rows)]
     state = _prefilled(shape, lengths)
     if store:
@@ -140,7 +141,7 @@ def measure(shape: KVShape, rows: int, context: int, *, store: bool, nodes: int 
         with TrafficCounter() as counter:
             _step(shape, state, nodes, _kept(rows, step), store)
         allocated, written = allocated + counter.allocated, written + counter.written
-    keep = [row for row in range(rows) if row != rows // 2] if rows > 1 else [0]
+    keep = [row for row in range(rows) if row != rows // 2]  # at 1 row, the row leaves
     with TrafficCounter() as leaving:
         if store:
             keep_stored_rows(state, keep)
