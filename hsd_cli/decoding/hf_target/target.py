@@ -1,8 +1,8 @@
 """The model seen as a tree-verification target: `HFTarget` wraps a loaded image-text-to-text
 model and offers what the decoding loop needs: prefill a batch of (image, prompt) inputs, run one
 forward over a batch of token trees (its positions and attention mask), keep the accepted cache
-entries, drop finished rows. The cache edits are cache.py's, the families' differences
-families/'s, plain `generate` generate.py's.
+entries, drop finished rows. The cache edits are cache.py's (kv_store.py's with the store on: a
+cache written in place), the families' differences families/'s, plain `generate` generate.py's.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class HFTarget:
     # -- decoding primitives -----------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, inputs: dict) -> tuple[BatchState, torch.Tensor]:
+    def prefill(self, inputs: dict) -> tuple[BatchState | StoreState, torch.Tensor]:
         """Run the prompt (and images); return the state and the last-position logits (B, V)."""
         from transformers import DynamicCache
 
@@ -191,6 +191,7 @@ class HFTarget:
         return state.store.aligned() if isinstance(state, StoreState) else bool(state.slot_valid.all())
 
     def _mask(self, state: BatchState | StoreState, visibility: torch.Tensor) -> torch.Tensor:
+        """The forward's additive mask: over the store's views (ragged rows), or the padded cache."""
         if isinstance(state, StoreState):
             return store_mask(state.store.lengths, visibility, self.dtype, self.device)
         return self._additive_mask(state.slot_valid, visibility)
