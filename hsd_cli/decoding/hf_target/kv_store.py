@@ -243,7 +243,7 @@ def stored(state: BatchState) -> StoreState:
     return StoreState(store_cache(store, layers), store, state.past_len, state.rope_delta, state.rows)
 
 
-# The store's tensors were made in inference mode (prefill, forward): edits are too.
+# The store's tensors are made in inference mode (prefill, forward), so the edits below run in it too.
 @torch.inference_mode()
 def join_stored(parts: Sequence[StoreState]) -> StoreState:
     """The rows of `parts` in one batch: the first part's store takes the others' rows."""
@@ -258,7 +258,6 @@ def join_stored(parts: Sequence[StoreState]) -> StoreState:
     return joined
 
 
-# The store's tensors were made in inference mode (prefill, forward): edits are too.
 @torch.inference_mode()
 def commit_stored(state: StoreState, kept_nodes: Sequence[Sequence[int]]) -> None:
     """Keep, per row, the entries of `kept_nodes` (tree node indices); drop the rest."""
@@ -266,7 +265,6 @@ def commit_stored(state: StoreState, kept_nodes: Sequence[Sequence[int]]) -> Non
     state.past_len = state.past_len + torch.tensor([len(nodes) for nodes in kept_nodes], dtype=torch.long)
 
 
-# The store's tensors were made in inference mode (prefill, forward): edits are too.
 @torch.inference_mode()
 def keep_stored_rows(state: StoreState, keep: Sequence[int]) -> None:
     """Drop finished rows; the rows kept may take another order (`state.rows` gives it)."""
