@@ -85,11 +85,13 @@ QWEN25_VL_7B = KVShape(layers=28, kv_heads=4, head_dim=128)
 
 @dataclass(frozen=True)
 class Traffic:
-    """Bytes a cache allocated and wrote: per step (mean of the steps run), for a row leaving
-    the middle of the batch, and for a row of the context's length joining it."""
+    """Bytes a cache allocated and wrote: in the first step after the prefill (where the store
+    makes room for the forwards to come), per step after it (mean of the steps run), for a row
+    leaving the middle of the batch, and for a row of the context's length joining it."""
 
     rows: int
     context: int
+    first_step_written: int
     step_allocated: float
     step_written: float
     leave_written: int
@@ -129,13 +131,15 @@ def _step(shape: KVShape, state, nodes: int, kept: list[list[int]], store: bool)
 
 
 def measure(shape: KVShape, rows: int, context: int, *, store: bool, nodes: int = 16, steps: int = 4) -> Traffic:
-    """The bytes of `steps` steps of `rows` rows (contexts of about `context` tokens, slightly
-    ragged), then of the middle row leaving and a row of `context` tokens joining (its prefill's
-    cache made into the batch's: with the store, its own store first)."""
+    """The bytes of a first step and `steps` more of `rows` rows (contexts of about `context`
+    tokens, slightly ragged), then of the middle row leaving and a row of `context` tokens
+    joining (its prefill's cache made into the batch's: with the store, its own store first)."""
     lengths = [context - 7 * row for row in range(rows)]
     state = _prefilled(shape, lengths)
     if store:
         state = stored(state)
+    with TrafficCounter() as first:
+        _step(shape, state, nodes, _kept(rows, steps), store)
     allocated = written = 0
     for step in range(steps):
         with TrafficCounter() as counter:
@@ -153,7 +157,7 @@ def measure(shape: KVShape, rows: int, context: int, *, store: bool, nodes: int 
             join_stored([state, stored(joining)])
         else:
             join_rows([state, joining])
-    return Traffic(rows, context, allocated / steps, written / steps, leaving.written, join.written)
+    return Traffic(rows, context, first.written, allocated / steps, written / steps, leaving.written, join.written)
 
 
 def kv_traffic(
@@ -168,14 +172,16 @@ def kv_traffic(
     figures = []
     typer.echo(f"KV shape: {shape.layers} layers x {shape.kv_heads} kv heads x {shape.head_dim} dims, "
                f"{shape.dtype}: {shape.bytes_per_token} bytes a token; {nodes} nodes a row a step, 4 kept")
-    typer.echo(f"{'cache':<8}{'rows':>5}{'context':>9}{'alloc MB/step':>15}{'written MB/step':>17}{'leave MB':>10}{'join MB':>10}")
+    typer.echo(f"{'cache':<8}{'rows':>5}{'context':>9}{'1st step MB':>13}{'alloc MB/step':>15}{'written MB/step':>17}"
+               f"{'leave MB':>10}{'join MB':>10}")
     for row_count in (int(r) for r in rows.split(",")):
         for context in (int(c) for c in contexts.split(",")):
             for store in (False, True):
                 traffic = measure(shape, row_count, context, store=store, nodes=nodes)
                 figures.append({"cache": "store" if store else "dynamic", **asdict(traffic)})
                 typer.echo(
-                    f"{'store' if store else 'dynamic':<8}{row_count:>5}{context:>9}{traffic.step_allocated / 1e6:>15.1f}"
+                    f"{'store' if store else 'dynamic':<8}{row_count:>5}{context:>9}{traffic.first_step_written / 1e6:>13.1f}"
+                    f"{traffic.step_allocated / 1e6:>15.1f}"
                     f"{traffic.step_written / 1e6:>17.1f}{traffic.leave_written / 1e6:>10.1f}{traffic.join_written / 1e6:>10.1f}"
                 )
     if json_out:

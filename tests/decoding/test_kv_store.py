@@ -7,6 +7,7 @@ import torch
 
 from hsd_cli.bench.kv_traffic import TrafficCounter
 from hsd_cli.decoding.hf_target import HFTarget
+from hsd_cli.decoding.hf_target.cache import BatchState
 from hsd_cli.decoding.hf_target import kv_store
 from hsd_cli.decoding.hf_target.kv_store import KVStore, store_mask
 from hsd_cli.decoding.tree import batch_trees
@@ -95,6 +96,33 @@ def test_a_row_leaving_frees_its_place_for_the_last_row_and_a_joining_row_takes_
     slots = store.slots
     store.reserve(5, 3 * slots)
     assert (store.places, store.slots) == (8, 3 * slots) and entries(store, 1) == [300, 301, 302, 303, 304, 305]
+
+
+def prefilled(lengths: list[int]) -> BatchState:
+    """A prefill's state: rows of `lengths` entries (row r's worth 100 r + position) left-padded."""
+    from transformers import DynamicCache
+
+    longest = max(lengths)
+    valid = torch.arange(longest)[None, :] >= torch.tensor([longest - n for n in lengths])[:, None]
+    entries = torch.stack([100.0 * row + torch.arange(longest) - (longest - n) for row, n in enumerate(lengths)])
+    entries = entries[:, None, :, None].expand(-1, HEADS, -1, DIM).contiguous()
+    cache = DynamicCache()
+    cache.update(entries, -entries, 0)
+    return BatchState(cache, valid, torch.tensor(lengths), torch.zeros(len(lengths), dtype=torch.long), list(range(len(lengths))))
+
+
+def test_a_prefill_without_padding_is_taken_over_and_a_padded_one_written_from_slot_0():
+    alone = prefilled([4])
+    with TrafficCounter(CPU) as counter:
+        state = kv_store.stored(alone)
+    assert counter.written == 0 and state.store.keys[0] is alone.cache.layers[0].keys
+    assert entries(state.store, 0) == [0, 1, 2, 3]
+    padded = kv_store.stored(prefilled([2, 4]))
+    assert [entries(padded.store, row) for row in (0, 1)] == [[0, 1], [100, 101, 102, 103]]
+    assert padded.store.slots >= 4 + kv_store.MIN_SLOTS, "room for the first forwards"
+    joined = kv_store.join_stored([state, padded])
+    assert joined.rows == [0, 0, 1] and [entries(joined.store, row) for row in range(3)] == [[0, 1, 2, 3], [0, 1], [100, 101, 102, 103]]
+    assert joined.store.slots >= 4 + kv_store.MIN_SLOTS
 
 
 def test_the_mask_opens_each_rows_entries_and_its_nodes_ancestors_only():

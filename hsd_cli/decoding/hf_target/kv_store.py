@@ -225,8 +225,10 @@ class StoreState:
 
 
 def stored(state: BatchState) -> StoreState:
-    """A prefill's state with its attention layers' entries written into a new store (padding
-    left out) and its other layers kept."""
+    """A prefill's state with its attention layers' entries in a new store (padding left out)
+    and its other layers kept. Rows without padding (a row prefilled alone, as pages and crops
+    are) are a store as they are: their tensors are taken over, not copied, and a join copies
+    them once into the running store."""
     from transformers.cache_utils import DynamicLayer
 
     layers = state.cache.layers
@@ -236,10 +238,15 @@ def stored(state: BatchState) -> StoreState:
     lengths = state.slot_valid.sum(-1)
     if not all(bool(valid[valid.shape[0] - n :].all()) for valid, n in zip(state.slot_valid, lengths.tolist())):
         raise ValueError("a prefill's rows must be left-padded: real slots last")
-    store.reserve(len(lengths), first_slots(int(lengths.max())))
+    if bool(state.slot_valid.all()):
+        for index, layer in attention.items():
+            store.keys[index], store.values[index] = layer.keys, layer.values
+        store.places, store.slots = state.slot_valid.shape
+    else:
+        store.reserve(len(lengths), first_slots(int(lengths.max())))
+        for index, layer in attention.items():
+            store.write_prefill(index, layer.keys, layer.values, lengths)
     store.lengths = lengths.clone()
-    for index, layer in attention.items():
-        store.write_prefill(index, layer.keys, layer.values, lengths)
     return StoreState(store_cache(store, layers), store, state.past_len, state.rope_delta, state.rows)
 
 
@@ -248,8 +255,8 @@ def stored(state: BatchState) -> StoreState:
 def join_stored(parts: Sequence[StoreState]) -> StoreState:
     """The rows of `parts` in one batch: the first part's store takes the others' rows."""
     joined = parts[0]
-    # Room for every joining row at once: one reallocation at most.
-    joined.store.reserve(sum(part.store.rows for part in parts), max(part.store.longest for part in parts))
+    # Room for every joining row and the next forwards' nodes at once: one reallocation at most.
+    joined.store.reserve(sum(part.store.rows for part in parts), max(part.store.longest for part in parts) + MIN_SLOTS)
     for part in parts[1:]:
         joined.store.join(part.store)
     joined.past_len = torch.cat([part.past_len for part in parts])
