@@ -21,7 +21,7 @@ import typer
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hsd_cli.decoding.hf_target.cache import BatchState, join_rows, keep_nodes, keep_rows
-from hsd_cli.decoding.hf_target.kv_store import commit_stored, join_stored, keep_stored_rows, stored
+from hsd_cli.decoding.hf_target.kv_store import StoreConfig, commit_stored, join_stored, keep_stored_rows, stored
 
 META = torch.device("meta")
 
@@ -137,7 +137,7 @@ def measure(shape: KVShape, rows: int, context: int, *, store: bool, nodes: int 
     lengths = [context - 7 * row for row in range(rows)]
     state = _prefilled(shape, lengths)
     if store:
-        state = stored(state)
+        state = stored(state, StoreConfig())
     with TrafficCounter() as first:
         _step(shape, state, nodes, _kept(rows, steps), store)
     allocated = written = 0
@@ -154,7 +154,7 @@ def measure(shape: KVShape, rows: int, context: int, *, store: bool, nodes: int 
     joining = _prefilled(shape, [context])
     with TrafficCounter() as join:
         if store:
-            join_stored([state, stored(joining)])
+            join_stored([state, stored(joining, StoreConfig())])
         else:
             join_rows([state, joining])
     return Traffic(rows, context, first.written, allocated / steps, written / steps, leaving.written, join.written)

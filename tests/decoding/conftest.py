@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hsd_cli.decoding.hf_target import load_target
+from hsd_cli.decoding.hf_target import StoreConfig, load_target
 from hsd_cli.models.tiny_families import TINY_FAMILIES, build_tiny_random
 
 
@@ -24,7 +24,7 @@ def one_thread():
 # own layout); every family's tests run in the slow tier (`-m slow`) and in `.ci/run`.
 FAST_FAMILIES = ("qwen2_5_vl", "idefics3", "kosmos-2.5")
 # HSD_TEST_KV_STORE=1 runs every test of a `tiny_target` with the cache in a KVStore (kv_store.py).
-KV_STORE = os.environ.get("HSD_TEST_KV_STORE") == "1"
+KV_STORE = StoreConfig() if os.environ.get("HSD_TEST_KV_STORE") == "1" else None
 
 
 @pytest.fixture(

@@ -9,7 +9,7 @@ from hsd_cli.bench.kv_traffic import TrafficCounter
 from hsd_cli.decoding.hf_target import HFTarget
 from hsd_cli.decoding.hf_target.cache import BatchState
 from hsd_cli.decoding.hf_target import kv_store
-from hsd_cli.decoding.hf_target.kv_store import KVStore, store_mask
+from hsd_cli.decoding.hf_target.kv_store import KVStore, StoreConfig, store_mask
 from hsd_cli.decoding.tree import batch_trees
 
 from .test_cache_logits import PARENTS, PROMPTS, path_tokens, step_tree
@@ -22,7 +22,7 @@ HEADS, DIM = 2, 3
 def filled_store(lengths: list[int]) -> KVStore:
     """A one-layer store whose row r holds entries 100 r + slot (every head and dim), in place r."""
     store = KVStore({0: (HEADS, DIM)}, torch.float32, CPU)
-    store.reserve(len(lengths), kv_store.first_slots(max(lengths)))
+    store.reserve(len(lengths), max(lengths) + kv_store.MIN_SLOTS)
     store.lengths = torch.tensor(lengths)
     for row, length in enumerate(lengths):
         entries = (100.0 * row + torch.arange(length, dtype=torch.float32))[None, :, None].expand(HEADS, -1, DIM)
@@ -90,12 +90,12 @@ def test_a_row_leaving_frees_its_place_for_the_last_row_and_a_joining_row_takes_
     assert store.places == places and entries(store, 3) == [0, 1] and entries(store, 0) == [0, 1, 2]
     assert counter.written == 2 * 2 * HEADS * DIM * 4, "the joining row's entries only"
     # A row copied into several places (as `hsd profile` makes rows); a store grown: places
-    # doubled, slots to what is needed where that is more than double.
+    # doubled, slots to the power of two that holds what is needed where that is more.
     store.keep_rows([1, 1])
     assert entries(store, 0) == entries(store, 1) == [300, 301, 302, 303, 304, 305]
     slots = store.slots
     store.reserve(5, 3 * slots)
-    assert (store.places, store.slots) == (8, 3 * slots) and entries(store, 1) == [300, 301, 302, 303, 304, 305]
+    assert (store.places, store.slots) == (8, 4 * slots) and entries(store, 1) == [300, 301, 302, 303, 304, 305]
 
 
 def prefilled(lengths: list[int]) -> BatchState:
@@ -114,15 +114,30 @@ def prefilled(lengths: list[int]) -> BatchState:
 def test_a_prefill_without_padding_is_taken_over_and_a_padded_one_written_from_slot_0():
     alone = prefilled([4])
     with TrafficCounter(CPU) as counter:
-        state = kv_store.stored(alone)
+        state = kv_store.stored(alone, StoreConfig())
     assert counter.written == 0 and state.store.keys[0] is alone.cache.layers[0].keys
     assert entries(state.store, 0) == [0, 1, 2, 3]
-    padded = kv_store.stored(prefilled([2, 4]))
+    padded = kv_store.stored(prefilled([2, 4]), StoreConfig())
     assert [entries(padded.store, row) for row in (0, 1)] == [[0, 1], [100, 101, 102, 103]]
     assert padded.store.slots >= 4 + kv_store.MIN_SLOTS, "room for the first forwards"
     joined = kv_store.join_stored([state, padded])
     assert joined.rows == [0, 0, 1] and [entries(joined.store, row) for row in range(3)] == [[0, 1, 2, 3], [0, 1], [100, 101, 102, 103]]
     assert joined.store.slots >= 4 + kv_store.MIN_SLOTS
+
+
+def test_a_budget_is_allocated_at_the_first_growth_and_never_doubled_past():
+    store = KVStore({0: (HEADS, DIM)}, torch.float32, CPU, budget=100)
+    store.reserve(2, 10)
+    assert (store.places, store.slots) == (2, 100)
+    store.reserve(2, 90)
+    assert store.slots == 100
+    store.reserve(2, 150)  # a row longer than the budget: growing again
+    assert store.slots == 256
+    unbudgeted = KVStore({0: (HEADS, DIM)}, torch.float32, CPU)
+    unbudgeted.reserve(2, 10)
+    assert unbudgeted.slots == 16, "the next power of two"
+    unbudgeted.reserve(2, 17)
+    assert unbudgeted.slots == 32
 
 
 def test_the_mask_opens_each_rows_entries_and_its_nodes_ancestors_only():
@@ -139,7 +154,7 @@ def test_the_mask_opens_each_rows_entries_and_its_nodes_ancestors_only():
 
 @pytest.fixture
 def store_target(tiny_target):
-    return HFTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter, kv_store=True)
+    return HFTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter, kv_store=StoreConfig())
 
 
 def largest_logit_error(target, images, prompts, kept_steps, leave_after=None, join=None) -> float:

@@ -33,22 +33,31 @@ from .cache import BatchState
 MIN_SLOTS = 64
 
 
-def _room(needed: int, held: int) -> int:
-    """Capacity that holds `needed`: `held` if it does, else at least double it (amortised growth)."""
-    return held if needed <= held else max(needed, 2 * held)
+@dataclass(frozen=True)
+class StoreConfig:
+    """How the KV store takes memory. `slots`: each place's entries where the caller knows a
+    row's longest (serving budgets a row at its prompt plus max_new_tokens): the store allocates
+    them when it first needs room and never doubles past them, so it holds what the budget
+    planned. None: rows' room grows by doubling, up to twice the longest row's entries."""
+
+    slots: int | None = None
 
 
-def first_slots(longest: int) -> int:
-    """Slots of a new store whose longest row holds `longest` entries: the next power of two
-    with room for a forward's nodes, so that the first steps do not reallocate it."""
-    return 1 << (longest + MIN_SLOTS - 1).bit_length()
+def _room(needed: int, held: int, budget: int | None = None) -> int:
+    """Capacity that holds `needed`: `held` if it does, else the budget where it fits, else the
+    next power of two, at least double `held` (amortised growth: an entry is copied about once
+    more over a row's life, and a new store has room for many forwards)."""
+    if needed <= held:
+        return held
+    return budget if budget is not None and needed <= budget else max(1 << (needed - 1).bit_length(), 2 * held)
 
 
 class KVStore:
     """Keys and values of the attention layers (by layer index) for the rows in flight."""
 
-    def __init__(self, shapes: dict[int, tuple[int, int]], dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, shapes: dict[int, tuple[int, int]], dtype: torch.dtype, device: torch.device, budget: int | None = None) -> None:
         self.shapes = shapes  # layer index -> (key-value heads, head_dim)
+        self.budget = budget  # slots to allocate at once (StoreConfig.slots)
         self.dtype, self.device = dtype, device
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
@@ -73,7 +82,7 @@ class KVStore:
     def reserve(self, places: int, slots: int) -> None:
         """Room for `places` rows of `slots` entries; a store that has less is reallocated larger
         (doubling) and its rows copied over."""
-        new_places, new_slots = _room(places, self.places), _room(slots, self.slots)
+        new_places, new_slots = _room(places, self.places), _room(slots, self.slots, self.budget)
         if (new_places, new_slots) == (self.places, self.slots):
             return
         used, longest = self.rows, self.longest
@@ -224,7 +233,7 @@ class StoreState:
     rows: list[int]  # the caller's index of each row still in the batch
 
 
-def stored(state: BatchState) -> StoreState:
+def stored(state: BatchState, config: StoreConfig) -> StoreState:
     """A prefill's state with its attention layers' entries in a new store (padding left out)
     and its other layers kept. Rows without padding (a row prefilled alone, as pages and crops
     are) are a store as they are: their tensors are taken over, not copied, and a join copies
@@ -234,7 +243,8 @@ def stored(state: BatchState) -> StoreState:
     layers = state.cache.layers
     attention = {index: layer for index, layer in enumerate(layers) if type(layer) is DynamicLayer}
     first = next(iter(attention.values())).keys
-    store = KVStore({i: (layer.keys.shape[1], layer.keys.shape[3]) for i, layer in attention.items()}, first.dtype, first.device)
+    shapes = {i: (layer.keys.shape[1], layer.keys.shape[3]) for i, layer in attention.items()}
+    store = KVStore(shapes, first.dtype, first.device, config.slots)
     lengths = state.slot_valid.sum(-1)
     if not all(bool(valid[valid.shape[0] - n :].all()) for valid, n in zip(state.slot_valid, lengths.tolist())):
         raise ValueError("a prefill's rows must be left-padded: real slots last")
@@ -243,7 +253,7 @@ def stored(state: BatchState) -> StoreState:
             store.keys[index], store.values[index] = layer.keys, layer.values
         store.places, store.slots = state.slot_valid.shape
     else:
-        store.reserve(len(lengths), first_slots(int(lengths.max())))
+        store.reserve(len(lengths), int(lengths.max()) + MIN_SLOTS)
         for index, layer in attention.items():
             store.write_prefill(index, layer.keys, layer.values, lengths)
     store.lengths = lengths.clone()

@@ -18,15 +18,19 @@ from .devices import DTYPES, default_device, default_dtype
 from .families import IMAGE_FIRST, ChatLayout, FamilyAdapter, adapter_for
 from ..repetition import NO_ALLOWANCE, RepetitionAllowance
 from .generate import generate_plainly
-from .kv_store import StoreState, commit_stored, join_stored, keep_stored_rows, store_mask, stored
+from .kv_store import StoreConfig, StoreState, commit_stored, join_stored, keep_stored_rows, store_mask, stored
 
 
 class HFTarget:
     """A transformers image-text-to-text model seen as a tree-verification target."""
 
-    def __init__(self, model, processor, adapter: FamilyAdapter, layout: ChatLayout = IMAGE_FIRST, kv_store: bool = False):
+    def __init__(
+        self, model, processor, adapter: FamilyAdapter, layout: ChatLayout = IMAGE_FIRST, kv_store: StoreConfig | None = None,
+    ):
         self.model = model
-        self.kv_store = kv_store  # the running rows' cache in a KVStore written in place (kv_store.py)
+        # None: the rows' cache in transformers' DynamicCache, edited by cache.py; else in a
+        # KVStore written in place (kv_store.py), taking memory as the config says.
+        self.kv_store = kv_store
         self.processor = processor
         self.layout = layout  # the chat turns as the model's makers lay them out
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -110,7 +114,7 @@ class HFTarget:
             rope_delta=rope_delta,
             rows=list(range(attention.shape[0])),
         )
-        return stored(state) if self.kv_store else state, out.logits[:, -1, :].float()
+        return state if self.kv_store is None else stored(state, self.kv_store), out.logits[:, -1, :].float()
 
     @torch.inference_mode()
     def prefill_each(self, inputs: Sequence[dict]) -> tuple[BatchState, torch.Tensor]:
@@ -244,7 +248,7 @@ def load_target(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
     layout: ChatLayout = IMAGE_FIRST,
-    kv_store: bool = False,
+    kv_store: StoreConfig | None = None,
 ) -> HFTarget:
     """Load a model by hub id or local directory for speculative decoding."""
     from transformers import AutoConfig, AutoModelForImageTextToText
