@@ -98,7 +98,7 @@ def test_a_directory_without_config_json_is_no_model(docs_dir, tmp_path):
     ("model_type", "said"),
     [
         ("minicpm_ocr", "model family 'minicpm_ocr' cannot be decoded losslessly by hsd: its text model (qwen3_5_text)"),
-        ("qwen3_5", "model family 'qwen3_5' cannot be decoded losslessly by hsd: its text model (qwen3_5_text)"),
+        ("minicpmv4_6", "model family 'minicpmv4_6' cannot be decoded losslessly by hsd: its text model (qwen3_5_text)"),
         ("llava", "model family 'llava' is not supported; supported: "),
     ],
 )

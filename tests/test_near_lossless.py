@@ -108,6 +108,7 @@ def page_model(tau):
     model.settings = SimpleNamespace(page_prompt="", draft_match="tokens")
     model.decode_config = DecodeConfig(max_new_tokens=200)
     model.engine = model.read_sizers = None
+    model.recipe = model.config = None  # read at a retry only: the page stage reads as the first attempt
     return model
 
 

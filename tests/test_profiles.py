@@ -5,6 +5,7 @@ transformers builds), and clear usage errors."""
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,23 @@ def test_analytic_profiles_price_continuous_batching_and_pages_past_1344_pixels(
     assert max(p.image_side for p in profile.prefills) >= 2048, "hsd convert renders pages up to 2,048^2 pixels"
     # The encoder's full-attention layers grow with the square of the patches: past 4x for twice the side.
     assert analytic_prefill_s(shape, h100, 2240)[1] > 4 * analytic_prefill_s(shape, h100, 1120)[1]
+
+
+@pytest.mark.slow
+def test_random_weights_build_a_hybrid_architecture_with_its_text_settings_nested(tmp_path):
+    """A Qwen3.5 config.json nests its text settings: the tiny tokenizer's special ids go there."""
+    from hsd_cli.models.tiny import random_target
+
+    checkout = Path(__file__).resolve().parents[1]
+    settings = architecture_config(str(checkout / "configs" / "architectures" / "qwen3_5_shaped_1024x24.json"))
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                 layer_types=["linear_attention"] * 3 + ["full_attention"], vocab_size=1024)
+    settings["text_config"].update(small)
+    settings["vision_config"].update(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(settings))
+    target = random_target(str(path))
+    text = target.model.config.text_config
+    assert len(target.linear_layers) == 3 and text.eos_token_id in target.stop_token_ids
+    assert text.eos_token_id == target.tokenizer.eos_token_id

@@ -10,6 +10,7 @@ from .prompt_tokens import prompt_tokens
 from .render_diff import render_diff
 from .repetition import repetition
 from .throughput import throughput
+from .two_step import two_step
 
 bench_app = typer.Typer(name="bench", help="Measure decoding speed against plain decoding, and acceptance in a real model's tokens.", no_args_is_help=True)
 
@@ -27,3 +28,4 @@ bench_app.command("prompt-tokens")(prompt_tokens)
 bench_app.command("render-diff")(render_diff)
 bench_app.command("repetition")(repetition)
 bench_app.command("throughput")(throughput)
+bench_app.command("two-step")(two_step)

@@ -217,6 +217,15 @@ def run_bench(
     return report
 
 
+def runnable_arms(target, arms: Sequence[str]) -> list[str]:
+    """The arms the model can run: transformers refuses prompt lookup (assisted generation) with
+    stateful models (a hybrid's linear-attention states), so their pld_anchor arm is left out, and said."""
+    if "pld_anchor" in arms and getattr(target.model, "_is_stateful", False):
+        print("pld_anchor left out: transformers' prompt lookup does not run stateful models", file=sys.stderr)
+        return [arm for arm in arms if arm != "pld_anchor"]
+    return list(arms)
+
+
 def print_table(report: dict, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -294,6 +303,7 @@ def decode(
         else:
             source = bench_model_path(model)
         target = load_target(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        chosen_arms = runnable_arms(target, chosen_arms)
         pages = [Image.open(p).convert("RGB") for p in image] if image else synthetic_pages(prompts, seed)
         draft_texts = json.loads(drafts.read_text()) if drafts else None
         if draft_texts is not None and len(draft_texts) != len(pages):

@@ -60,8 +60,9 @@ class DocumentSoFar:
 def plan_stage(page: Page, model: Reader, stages: Stages, so_far: DocumentSoFar, time_limit_s: float = 0.0) -> Plan:
     """The plan --stages fixes; for `auto` with a cost profile, the planner's, for a page that may
     take `time_limit_s` (0: no limit)."""
-    if stages is not Stages.AUTO or model.profile is None:
-        return fixed_plan(stages, page.blocks)
+    two_step = model.recipe.two_step is not None
+    if two_step or stages is not Stages.AUTO or model.profile is None:
+        return fixed_plan(stages, page.blocks, two_step)
     # Imported here: a draft-only worker never imports torch and transformers.
     from hsd_cli.stages.packed import PACKED_REGIONS
     from hsd_cli.stages.region import REGION_BATCH
@@ -91,6 +92,10 @@ def read_stage(page: Page, model: Reader, so_far: DocumentSoFar) -> Reading | No
             return None
         case Way.PLAIN:
             reading = plain_page_stage(model, page.model_view, settings, page_drafts(page.blocks, settings, page_size=page.size_pt))
+        case Way.BLOCKS:
+            from hsd_cli.stages.blocks import blocks_stage
+
+            reading = blocks_stage(model, page, settings)
         case Way.PACKED:
             # Region passes run inside the page stage's forwards: their seconds are the page's.
             reading = packed_stage(model, page, plan.regions, settings)

@@ -189,12 +189,15 @@ def random_target(name_or_path: str, *, device: str | None = None, dtype: str = 
 
     settings = architecture_config(name_or_path)
     family = settings.pop("model_type")
-    if family not in ("qwen2_vl", "qwen2_5_vl"):
-        raise ValueError(f"--random-weights builds Qwen2-VL and Qwen2.5-VL architectures, not {family}")
+    settings.pop("_comment", None)  # what a shaped (not published) architecture is
+    if family not in ("qwen2_vl", "qwen2_5_vl", "qwen3_5"):
+        raise ValueError(f"--random-weights builds Qwen2-VL, Qwen2.5-VL and Qwen3.5 architectures, not {family}")
     tokenizer = build_tiny_tokenizer(QWEN_TOKENS)
     ids = tokenizer.convert_tokens_to_ids
-    settings.update(vision_token_settings(tokenizer, QWEN_TOKENS), bos_token_id=ids(QWEN_TOKENS.pad),
-                    eos_token_id=ids(QWEN_TOKENS.eos), pad_token_id=ids(QWEN_TOKENS.pad))
+    special = dict(bos_token_id=ids(QWEN_TOKENS.pad), eos_token_id=ids(QWEN_TOKENS.eos), pad_token_id=ids(QWEN_TOKENS.pad))
+    settings.update(vision_token_settings(tokenizer, QWEN_TOKENS))
+    # Qwen3.5 nests its text settings; Qwen2-VL and Qwen2.5-VL keep them at the top.
+    settings.get("text_config", settings).update(special)
     config = AutoConfig.for_model(family, **settings)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=DTYPES[dtype])

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hsd_cli.records.page import DocumentResult, Page
+from hsd_cli.records.blocks import blocks_json
 from hsd_cli.records.kinds import Block, Grounding, PageFlag
 from hsd_cli.records.totals import counts_json, regions_json
 
@@ -57,6 +58,8 @@ def stats_json(page: Page) -> dict[str, Any] | None:
         stats["near_lossless"] = {"tau": reading.near_lossless, "relaxed": result.stats.relaxed}
     if reading.regions:
         stats["regions"] = regions_json(reading.regions)
+    if reading.blocks or reading.layout is not None:
+        stats["two_step"] = blocks_json(reading.layout, reading.blocks)
     if reading.baseline is not None:
         stats["baseline"] = reading.baseline.as_json()
     if page.plan is not None and page.plan.predicted:

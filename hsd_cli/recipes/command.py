@@ -16,6 +16,14 @@ from rich.table import Table
 USAGE_EXIT = 2
 
 
+def reads(recipe) -> str:
+    """How a recipe reads a page: "one pass", or "two steps" (the layout, then each block) and who
+    finds the layout."""
+    if recipe.two_step is None:
+        return "one pass"
+    return f"two steps (layout by {recipe.two_step.layout.finder}, then blocks)"
+
+
 def models(
     json: Annotated[bool, typer.Option("--json", help="Print the list as JSON on stdout.")] = False,
 ) -> None:
@@ -43,9 +51,9 @@ def models(
                 "settings_from": "user" if source.user else "packaged",
                 "default_recipe": family_default(settings).name,
                 "models": [
-                    {"id": model_id, "path": locate_model(model_id), "recipe": recipe_to_read(model_id, settings).name,
-                     "reads": "one pass"}
+                    {"id": model_id, "path": locate_model(model_id), "recipe": recipe.name, "reads": reads(recipe)}
                     for model_id in settings.known_ids
+                    for recipe in [recipe_to_read(model_id, settings)]
                 ],
             })
     except SettingsFileError as exc:

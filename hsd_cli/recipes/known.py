@@ -5,8 +5,10 @@ and checked against them by tests/test_recipes_parity.py where their packages ar
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib.resources import files
 
+from hsd_cli.recipes import blocks
 from hsd_cli.recipes.recipe import (
     NO_RETRY,
     AnchorText,
@@ -94,7 +96,7 @@ CHANDRA_REPEATS = ("repeats",)
 CHANDRA_2 = Recipe(
     name="chandra-2",
     model_ids=("datalab-to/chandra-ocr-2",),
-    family="qwen3_vl",
+    family="qwen3_5",
     # chandra.input.load_pdf_images: pypdfium2, forms flattened, IMAGE_DPI 192 raised so the
     # shortest side is MIN_PDF_IMAGE_DIM 1024.
     render=Render(renderer="pypdfium2", rule="dpi_min_side", dpi=192, min_side_px=1024, flatten_forms=True, encoding="png"),
@@ -206,15 +208,16 @@ GLM_OCR = Recipe(
     decoding=Decoding(max_new_tokens=8192, temperature=0.0, top_p=0.00001, top_k=1, repetition_penalty=1.1),
     retry=NO_RETRY,
     output=Output(postprocess="plain", fallback="draft", page_join="\n\n"),
+    two_step=blocks.GLM_OCR,
     source="glmocr 0.1.5: glmocr/config.yaml and config.py (PageLoaderConfig: max_tokens, temperature, "
     "top_p, top_k, repetition_penalty, image_format, min/max_pixels, pdf_dpi, task_prompt_mapping); "
     "glmocr/dataloader/page_loader.py (build_request_from_image); glmocr/utils/image_utils.py "
-    "(_render_page_to_pil). Its layout step (two-pass pipeline) is not in this recipe.",
+    "(_render_page_to_pil). Its two steps: recipes/blocks.py GLM_OCR.",
 )
 
 PADDLEOCR_VL = Recipe(
     name="paddleocr-vl",
-    model_ids=("PaddlePaddle/PaddleOCR-VL", "PaddlePaddle/PaddleOCR-VL-1.6"),
+    model_ids=("PaddlePaddle/PaddleOCR-VL",),
     family="paddleocr_vl",
     # paddlex's PDF reader: pypdfium2 at zoom 2 (144 dpi).
     render=Render(renderer="pypdfium2", rule="dpi", dpi=144, encoding="pil"),
@@ -223,12 +226,41 @@ PADDLEOCR_VL = Recipe(
     decoding=Decoding(max_new_tokens=4096, temperature=0.0),
     retry=NO_RETRY,
     output=Output(postprocess="plain", fallback="draft", page_join="\n\n"),
+    two_step=blocks.PADDLEOCR_VL,
     source="paddlex 3.7.2: paddlex/inference/pipelines/paddleocr_vl/pipeline.py (use_layout_detection=False: "
     "the page one block labelled prompt_label 'ocr'; 'OCR:'; min/max pixels 112896/1003520; "
     "max_new_tokens 4096); paddlex/inference/models/doc_vlm/predictor.py (image then text); "
     "paddlex/inference/utils/io/readers.py (PDFReaderBackend zoom 2.0)",
 )
 
+# PaddleOCR-VL-1.6: the same model reading, PP-DocLayoutV3 at threshold 0.3 finding the layout.
+PADDLEOCR_VL_1_6 = replace(
+    PADDLEOCR_VL, name="paddleocr-vl-1.6", model_ids=("PaddlePaddle/PaddleOCR-VL-1.6",), two_step=blocks.PADDLEOCR_VL_1_6,
+    source=PADDLEOCR_VL.source + "; configs/pipelines/PaddleOCR-VL-1.6.yaml (PP-DocLayoutV3, threshold 0.3)",
+)
+
+MINERU_2_5 = Recipe(
+    name="mineru-2.5",
+    model_ids=("opendatalab/MinerU2.5-2509-1.2B",),
+    family="qwen2_vl",
+    # mineru.utils.pdf_reader.page_to_image: pypdfium2 at 200 dpi, the longest side at most 3500.
+    render=Render(renderer="pypdfium2", rule="dpi_max_side", dpi=200, longest_side_px=3500, encoding="pil"),
+    processor=None,
+    # The system turn mineru_vl_utils sends (DEFAULT_SYSTEM_PROMPT), the image first.
+    prompt=Prompt(text="\nText Recognition:", order=("image", "text"), system="You are a helpful assistant."),
+    # MinerUSamplingParams: greedy (temperature 0, top-k 1), no budget of its own (hsd's applies).
+    # Its presence/frequency penalties (1.0 and 0.05, tables 0.005) and no-repeat-n-gram 100 are
+    # not rules the decoding core has yet: blocks decode greedily without them.
+    decoding=Decoding(max_new_tokens=4096, stop=QWEN_STOPS, temperature=0.0),
+    retry=NO_RETRY,
+    output=Output(postprocess="plain", fallback="draft", page_join="\n\n"),
+    two_step=blocks.MINERU_2_5,
+    source="mineru-vl-utils 0.1.22: mineru_client.py (MinerUSamplingParams, DEFAULT_PROMPTS, "
+    "DEFAULT_SAMPLING_PARAMS), vlm_client/base_client.py (DEFAULT_SYSTEM_PROMPT); mineru 2.5.4: "
+    "utils/pdf_reader.py (page_to_image). Its two steps: recipes/blocks.py MINERU_2_5.",
+)
+
 KNOWN_RECIPES: tuple[Recipe, ...] = (
     OLMOCR_2, OLMOCR_0225, CHANDRA_1, CHANDRA_2, NANONETS_OCR_S, DEEPSEEK_OCR_2, HUNYUAN_OCR, GLM_OCR, PADDLEOCR_VL,
+    PADDLEOCR_VL_1_6, MINERU_2_5,
 )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hsd_cli.records.kinds import BlockKind
+
 # Renderers by the makers' tool: hsd renders with PyMuPDF; the others name what the makers use
 # (pdftoppm: poppler's, as olmOCR calls it; pypdfium2: Chandra's, PaddleX's).
 RENDERERS = ("pymupdf", "pdftoppm", "pypdfium2")
@@ -145,6 +147,47 @@ class Output:
     page_end: str = ""  # after every page's text
 
 
+# Two-step models (recipes/blocks.py has the makers'). Who finds the layout: "vlm" the model itself (MinerU2.5 writes box and type tokens); else a
+# layout model (PP-DocLayoutV2 / V3), which hsd's draft layout stands in for until one is loaded.
+LAYOUT_FINDERS = ("vlm", "pp-doclayout-v2", "pp-doclayout-v3")
+# How a block's picture is cut from the page (blocks.block_picture).
+CROP_RULES = ("mineru", "paddleocr_vl", "glm_ocr")
+
+
+@dataclass(frozen=True)
+class LayoutStep:
+    finder: str  # one of LAYOUT_FINDERS
+    prompt: str = ""  # the model's layout prompt ("vlm")
+    image_px: tuple[int, int] | None = None  # the page squashed to this size for it ("vlm")
+    model_ids: tuple[str, ...] = ()  # the layout model's hub ids
+    threshold: float | None = None  # the layout model's score threshold
+
+
+@dataclass(frozen=True)
+class TwoStep:
+    layout: LayoutStep
+    labels: tuple[tuple[BlockKind, str], ...]  # hsd's block kind -> the maker's label
+    prompts: tuple[tuple[str, str], ...]  # the maker's label -> its prompt; others take `default_prompt`
+    default_prompt: str
+    skipped: tuple[str, ...]  # labels whose crops are not read (pictures)
+    dropped: tuple[str, ...]  # labels left out of the Markdown (headers, footers, numbers)
+    crop: str  # one of CROP_RULES
+    crop_limits: ProcessorLimits | None  # the pixels a crop is resized into (PaddleOCR-VL), else None
+    table_format: str  # what a table is read as: "otsl" (converted to HTML) or "html"
+    join: str  # between the blocks' texts on a page
+    source: str = ""
+
+    def label(self, kind: BlockKind) -> str:
+        return dict(self.labels)[kind]
+
+    def prompt(self, label: str) -> str:
+        return dict(self.prompts).get(label, self.default_prompt)
+
+    def reads(self, label: str) -> bool:
+        """Whether a block of this label is read at all (not skipped, not dropped)."""
+        return label not in self.skipped and label not in self.dropped
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str  # what `--recipe` would name, and the page JSON records
@@ -157,5 +200,8 @@ class Recipe:
     retry: RetryPolicy
     output: Output
     client_resize: ClientResize | None = None
+    # Set: the makers read a page in two steps, the layout, then each block's crop (`TwoStep`);
+    # `prompt` is then the one-pass prompt hsd's other ways read the page with.
+    two_step: TwoStep | None = None
     # Where each item was read: the makers' package, file and function.
     source: str = ""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from hsd_cli.records.blocks import BlockReading
 from hsd_cli.records.kinds import Block, Grounding, PageFlag
 from hsd_cli.records.totals import BaselineCheck, DecodingTotals, RegionResult
 
@@ -26,6 +27,7 @@ class Way(StrEnum):
     PAGE = "page"  # the page stage verifying the pipeline's drafts
     REGION_PAGE = "region-page"  # region passes over some blocks' crops, then the page stage
     PACKED = "packed"  # those region passes in the page stage's forwards
+    BLOCKS = "blocks"  # two steps, as the makers of MinerU2.5, PaddleOCR-VL, GLM-OCR: the layout, then every block's crop, whose readings are the page
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class Reading:
     model_text: str | None = None  # the model's text where its recipe's post-processing changed it (`text` is the page's)
     retries: tuple[RetriedRead, ...] = ()  # the attempts before this reading that the makers would not accept
     not_accepted: tuple[str, ...] = ()  # why the makers would not accept this last reading either (its fallback stands in)
+    layout: BlockReading | None = None  # the two-step way's layout step, where the model itself read one
+    blocks: tuple[BlockReading, ...] = ()  # the two-step way's block readings, in reading order
 
     @property
     def reads(self) -> int:

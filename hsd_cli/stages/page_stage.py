@@ -17,6 +17,7 @@ from PIL import Image
 from hsd_cli.decoding import DecodeResult, DecodeStats, repetition_stop
 from hsd_cli.models.family_settings import ModelSettings
 from hsd_cli.records.page import Reading
+from hsd_cli.stages.blocks import plain_reads
 from hsd_cli.stages.dialect import DIALECT_KEYS, split_front_matter
 from hsd_cli.stages.grounding import split_grounding
 from hsd_cli.stages.math_policy import near_lossless_rule
@@ -102,13 +103,17 @@ def upright_read(
 
 
 def baseline_check(model: Reader, picture: Image.Image, read: Reading) -> BaselineCheck:
-    """The picture the page stage last read (`picture` turned as it was) decoded with
+    """The picture the page stage last read (`picture` turned as it was; a two-step reading's
+    layout step and blocks, `blocks.plain_reads`) decoded with
     transformers' own generate (same model, dtype and cache: the baseline a user would otherwise
     run) without hsd's repetition guard, compared token by token with the page stage's output;
     where the guard stopped hsd's output, as far as it went. A near-lossless reading is also
     counted apart from it in tokens (`changed_tokens`)."""
     config = model.decode_config
-    plain = model.generate_plainly(turned(picture, read.rotation), model.settings.page_prompt, config.max_new_tokens)
+    if read.blocks or read.layout is not None:
+        plain = plain_reads(model, picture, read)
+    else:
+        plain = model.generate_plainly(turned(picture, read.rotation), model.settings.page_prompt, config.max_new_tokens)
     tokens = read.result.tokens
     guard_cut = read.result.stop_reason == "repetition" and len(plain) > len(tokens)
     compared = plain[: len(tokens)] if guard_cut else plain

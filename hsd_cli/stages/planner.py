@@ -215,9 +215,13 @@ def uncertain(block: Block) -> bool:
     return block.kind in (BlockKind.TABLE, BlockKind.FORMULA) or block.source != PdfTextDraft.name
 
 
-def fixed_plan(stages: Stages, blocks: tuple[Block, ...]) -> Plan:
+def fixed_plan(stages: Stages, blocks: tuple[Block, ...], two_step: bool = False) -> Plan:
     """The plan --stages fixes: region passes over every block (region-page, packed), over none
-    (page), or, for `auto` without a cost profile, over the uncertain blocks."""
+    (page), or, for `auto` without a cost profile, over the uncertain blocks. A model whose makers
+    read a page in two steps (`two_step`) reads it so whenever it reads it: its page prompt alone
+    is not how they run it."""
+    if two_step and stages is not Stages.DRAFT:
+        return Plan(Way.BLOCKS)
     if stages is Stages.AUTO:
         return Plan(Way.REGION_PAGE, regions=tuple(block.id for block in blocks if uncertain(block)))
     way = Way(stages.value)

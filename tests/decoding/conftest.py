@@ -59,4 +59,15 @@ def bf16_target(tiny_target, tmp_path_factory):
     tiny_target.processor.save_pretrained(model_dir)
     target = load_target(str(model_dir), device="cpu", dtype="bfloat16", kv_store=KV_STORE)
     assert target.model.dtype == torch.bfloat16
+    every_expert_per_token(target.model)
     return target
+
+
+def every_expert_per_token(model) -> None:
+    """A mixture-of-experts model (Qwen3.5-MoE's) routes every token to all its experts. Top-k
+    routing picks other experts where bf16 router logits tie, whatever decodes: plain rows beside
+    other rows did (a token 101 bf16 units behind, in the tiny model's top-2 of 4), which no
+    near-tie bound on the output logits can tell from a bug. The fp32 tests keep top-k routing."""
+    for module in model.modules():
+        if hasattr(module, "top_k") and hasattr(module, "num_experts"):
+            module.top_k = module.num_experts

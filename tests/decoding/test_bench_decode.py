@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
@@ -18,6 +19,17 @@ def test_bench_decode_json_has_every_arm_and_exact_outputs():
         assert set(arm) >= {"decode_s", "forwards", "new_tokens", "tau", "identical_to_ar"}
         if name not in ("ar", "ar_anchor"):
             assert arm["identical_to_ar"] is True
+    assert report["arms"]["hsd"]["forwards"] < report["arms"]["ar"]["forwards"]
+
+
+@pytest.mark.slow
+def test_bench_decode_of_a_hybrid_model_has_every_arm_transformers_runs_and_exact_outputs():
+    args = ["decode", "--tiny-random", "qwen3_5", "--prompts", "1", "--max-new-tokens", "40", "--json"]
+    result = CliRunner().invoke(bench_app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["arms"]) == {"ar", "hsd", "ar_anchor", "hsd_anchor"}, "no prompt lookup: the model is stateful"
+    assert report["arms"]["hsd"]["identical_to_ar"] is True and report["arms"]["hsd_anchor"]["identical_to_ar"] is True
     assert report["arms"]["hsd"]["forwards"] < report["arms"]["ar"]["forwards"]
 
 

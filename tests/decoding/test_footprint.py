@@ -23,9 +23,14 @@ def test_a_rows_cache_grows_by_the_bytes_per_token_budgeted(tiny_target, page_im
     target = HFTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter, kv_store=None)
     state, _ = target.prefill(target.inputs([page_image], ["Transcribe the page."]))
     tokens = int(state.past_len[0])
-    cached = sum(
-        layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-        for layer in state.cache.layers
-    )
+    held = [
+        tensor for layer in state.cache.layers
+        for tensor in ([layer.keys, layer.values] if hasattr(layer, "keys") else [layer.conv_states[0], layer.recurrent_states[0]])
+    ]
+    cached = sum(tensor.numel() * tensor.element_size() for tensor in held)
     assert state.slot_valid.shape[1] == tokens, "one row: no padding slots"
-    assert cached == tokens * kv_bytes_per_token(tiny_target.model.config, torch.float32.itemsize)
+    budgeted = tokens * kv_bytes_per_token(tiny_target.model.config, torch.float32.itemsize)
+    if tiny_target.linear_layers:  # a fixed state per linear layer, budgeted as attention slots would be
+        assert cached <= budgeted
+    else:
+        assert cached == budgeted

@@ -2,7 +2,10 @@
 
 The only module that knows the cache's layout: a prefill's rows joined into one left-padded batch,
 a verified tree's kept nodes kept and the rest dropped, padding squeezed out, finished rows
-dropped; and which transformers versions keep the layout these edits assume.
+dropped; and which transformers versions keep the layout these edits assume. A hybrid model's
+linear-attention layers hold one conv and one recurrent state per row instead of slots: rows
+join, leave and commit by those states (a commit rebuilds them from the tree forward's records,
+delta_tree.py), and slot edits pass them by.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from .delta_tree import NodeRecord, path_states
 
 
 @dataclass
@@ -22,6 +27,9 @@ class BatchState:
     past_len: torch.Tensor  # (B,) long, real tokens in the cache per row (= next text position)
     rope_delta: torch.Tensor  # (B,) long
     rows: list[int]  # the caller's index of each row still in the batch
+    # A hybrid model's tree forward: per linear-attention layer, what its commit rebuilds the
+    # states from (None after a commit, and where the forward updated the states itself).
+    linear_records: dict[int, NodeRecord] | None = None
 
 
 def join_rows(parts: Sequence[BatchState]) -> BatchState:
@@ -33,9 +41,10 @@ def join_rows(parts: Sequence[BatchState]) -> BatchState:
         return torch.nn.functional.pad(tensor, (0, 0, length - tensor.shape[2], 0))
 
     joined = parts[0]
-    for index, layer in enumerate(joined.cache.layers):
+    for index, layer in _attention_layers(joined.cache):
         layer.keys = torch.cat([left_padded(state.cache.layers[index].keys) for state in parts])
         layer.values = torch.cat([left_padded(state.cache.layers[index].values) for state in parts])
+    join_linear_states(joined.cache, [state.cache for state in parts])
     joined.slot_valid = torch.cat(
         [torch.nn.functional.pad(state.slot_valid, (length - state.slot_valid.shape[1], 0), value=False) for state in parts]
     )
@@ -43,6 +52,14 @@ def join_rows(parts: Sequence[BatchState]) -> BatchState:
     joined.rope_delta = torch.cat([state.rope_delta.reshape(-1) for state in parts])
     joined.rows = [row for state in parts for row in state.rows]
     return joined
+
+
+def join_linear_states(joined, caches: Sequence[object]) -> None:
+    """Each linear-attention layer of `joined` (the first of `caches`) takes the conv and
+    recurrent states of every cache's rows, in order."""
+    for index, layer in _linear_layers(joined):
+        layer.conv_states[0] = torch.cat([cache.layers[index].conv_states[0] for cache in caches])
+        layer.recurrent_states[0] = torch.cat([cache.layers[index].recurrent_states[0] for cache in caches])
 
 
 def keep_nodes(state: BatchState, kept_nodes: Sequence[Sequence[int]], device: torch.device) -> None:
@@ -90,10 +107,42 @@ def keep_rows(state: BatchState, keep: Sequence[int], device: torch.device) -> N
     valid = state.slot_valid[index]
     trim = int((~valid).all(0).long().cumprod(0).sum())  # leading all-padding columns
     _edit_cache(state, lambda slots: slots.index_select(0, device_index)[:, :, trim:])
+    for _, layer in _linear_layers(state.cache):
+        layer.conv_states[0] = layer.conv_states[0].index_select(0, device_index)
+        layer.recurrent_states[0] = layer.recurrent_states[0].index_select(0, device_index)
     state.slot_valid = valid[:, trim:]
     state.past_len = state.past_len[index]
     state.rope_delta = state.rope_delta[index]
     state.rows = [state.rows[i] for i in keep]
+
+
+def commit_linear_states(state: BatchState, paths: Sequence[Sequence[int]]) -> None:
+    """Each linear-attention layer's conv and recurrent states after each row's accepted path
+    (tree node indices from the root down), rebuilt from the tree forward's records."""
+    records, state.linear_records = state.linear_records, None
+    lengths = torch.tensor([len(path) for path in paths], dtype=torch.long)
+    if not int(lengths.max()):
+        return  # nothing kept (as `hsd profile` puts a measured forward back): the states as they were
+    index = torch.tensor([list(path) + [0] * (int(lengths.max()) - len(path)) for path in paths], dtype=torch.long)
+    for layer_index, record in records.items():
+        layer = state.cache.layers[layer_index]
+        layer.recurrent_states[0], layer.conv_states[0] = path_states(
+            record, layer.recurrent_states[0], layer.conv_states[0], index, lengths
+        )
+
+
+def _attention_layers(cache) -> list[tuple[int, object]]:
+    """(index, layer) of the cache's layers that keep key and value slots."""
+    from transformers.cache_utils import DynamicLayer
+
+    return [(index, layer) for index, layer in enumerate(cache.layers) if isinstance(layer, DynamicLayer)]
+
+
+def _linear_layers(cache) -> list[tuple[int, object]]:
+    """(index, layer) of the cache's layers that keep a linear-attention layer's states."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return [(index, layer) for index, layer in enumerate(cache.layers) if isinstance(layer, LinearAttentionCacheLayerMixin)]
 
 
 def _gather_slots(slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -102,8 +151,8 @@ def _gather_slots(slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _edit_cache(state: BatchState, edit: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Replace every layer's keys and values (B, heads, slots, head_dim) with `edit` of them."""
-    for layer in state.cache.layers:
+    """Replace every attention layer's keys and values (B, heads, slots, head_dim) with `edit` of them."""
+    for _, layer in _attention_layers(state.cache):
         layer.keys = edit(layer.keys)
         layer.values = edit(layer.values)
 
@@ -145,10 +194,34 @@ def cache_layout_problem(config=None) -> str | None:
     layer.keys, layer.values = layer.keys[:, :, :2], layer.values[:, :, :2]
     if cache.get_seq_length() != 2:
         return "DynamicCache does not read its length from the layers' key tensors"
-    if config is not None:
-        kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers})
-        if kinds != [DynamicLayer.__name__]:
-            return f"the model's cache layers are {kinds}, not plain {DynamicLayer.__name__}s (sliding-window attention is not supported)"
+    if config is None:
+        return None
+    kinds = {type(layer).__name__ for layer in DynamicCache(config=config).layers}
+    known = {DynamicLayer.__name__, "LinearAttentionLayer"}
+    if not kinds <= known or DynamicLayer.__name__ not in kinds:
+        return (
+            f"the model's cache layers are {sorted(kinds)}, not plain {DynamicLayer.__name__}s and LinearAttentionLayers "
+            "(sliding-window attention is not supported)"
+        )
+    return linear_state_problem() if "LinearAttentionLayer" in kinds else None
+
+
+def linear_state_problem() -> str | None:
+    """How a LinearAttentionLayer differs from what the linear-state edits above assume, or None:
+    its conv and recurrent states are tensors (batch first) at `conv_states[0]` and
+    `recurrent_states[0]`, which it reads back after they are replaced."""
+    from transformers.cache_utils import LinearAttentionLayer
+
+    layer = LinearAttentionLayer()
+    conv, recurrent = torch.zeros(2, 3, 4), torch.zeros(2, 1, 3, 3)
+    layer.update_conv_state(conv, conv_kernel_size=4)
+    layer.update_recurrent_state(recurrent)
+    states = getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)
+    if not all(isinstance(held, dict) and torch.is_tensor(held.get(0)) for held in states):
+        return "LinearAttentionLayer does not keep its states as tensors at conv_states[0] and recurrent_states[0]"
+    layer.conv_states[0] = torch.ones(1, 3, 4)
+    if not torch.equal(layer.update_conv_state(torch.zeros(1, 3, 1))[..., :4], torch.ones(1, 3, 4)):
+        return "LinearAttentionLayer does not read back a replaced conv state"
     return None
 
 

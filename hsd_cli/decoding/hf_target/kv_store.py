@@ -27,7 +27,8 @@ from functools import cache
 
 import torch
 
-from .cache import BatchState
+from .cache import BatchState, join_linear_states
+from .delta_tree import NodeRecord
 
 # Room a new store leaves at least past its longest row: the first forwards' nodes fit in it.
 MIN_SLOTS = 64
@@ -231,6 +232,9 @@ class StoreState:
     past_len: torch.Tensor  # (B,) long, real tokens per row (= next text position)
     rope_delta: torch.Tensor  # (B,) long
     rows: list[int]  # the caller's index of each row still in the batch
+    # A hybrid model's tree forward: what its linear-attention layers' commit rebuilds their
+    # states from (cache.py's `commit_linear_states`), as BatchState keeps it.
+    linear_records: dict[int, NodeRecord] | None = None
 
 
 def stored(state: BatchState, config: StoreConfig) -> StoreState:
@@ -269,6 +273,7 @@ def join_stored(parts: Sequence[StoreState]) -> StoreState:
     joined.store.reserve(sum(part.store.rows for part in parts), max(part.store.longest for part in parts) + MIN_SLOTS)
     for part in parts[1:]:
         joined.store.join(part.store)
+    join_linear_states(joined.cache, [part.cache for part in parts])
     joined.past_len = torch.cat([part.past_len for part in parts])
     joined.rope_delta = torch.cat([part.rope_delta.reshape(-1) for part in parts])
     joined.rows = [row for part in parts for row in part.rows]

@@ -8,16 +8,17 @@ cache written in place), the families' differences families/'s, plain `generate`
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 
 import torch
 from PIL import Image
 
-from .cache import BatchState, check_cache_layout, join_rows, keep_nodes, keep_rows
+from .cache import BatchState, check_cache_layout, commit_linear_states, join_rows, keep_nodes, keep_rows
 from .devices import DTYPES, default_device, default_dtype
 from .families import IMAGE_FIRST, ChatLayout, FamilyAdapter, adapter_for
 from ..repetition import NO_ALLOWANCE, RepetitionAllowance
 from .generate import generate_plainly
+from .hybrid import linear_attention_layers, tree_form
 from .kv_store import StoreConfig, StoreState, commit_stored, join_stored, keep_stored_rows, store_mask, stored
 
 
@@ -39,6 +40,7 @@ class HFTarget:
         self.device = model.device
         self.dtype = model.dtype
         check_cache_layout(model.config)
+        self.linear_layers = linear_attention_layers(model)  # a hybrid model's Gated DeltaNet layers
         self.stop_token_ids = adapter.stop_token_ids(model, self.tokenizer)
         self.vision_token_ids = adapter.vision_token_ids(model.config)
         self.hidden_token_ids = self._hidden_special_ids(adapter.text_special_tokens)
@@ -155,7 +157,12 @@ class HFTarget:
         # differently from attention without one.
         plain = width == 1 and self._aligned(state) and bool(visibility.all())
         padded = valid is not None and not bool(valid.all())
-        with self._output_layer_only_at(valid) if padded else nullcontext():
+        with ExitStack() as scoped:
+            if padded:
+                scoped.enter_context(self._output_layer_only_at(valid))
+            # A one-token step is the layers' own: they update their states as `generate` does.
+            if self.linear_layers and width > 1:
+                state.linear_records = scoped.enter_context(self._linear_tree_form(visibility, depths))
             out = self.model(
                 input_ids=tokens.to(self.device),
                 position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
@@ -224,12 +231,23 @@ class HFTarget:
         """(B, K, K) bool, which tree nodes each node attends to: its ancestors and itself."""
         return ancestors
 
+    def _linear_tree_form(self, ancestors: torch.Tensor, depths: torch.Tensor):
+        """The context in which a hybrid model's linear-attention layers read a tree (hybrid.py)."""
+        return tree_form(self.linear_layers, ancestors, depths)
+
+    def _linear_paths(self, kept_nodes: Sequence[Sequence[int]]) -> Sequence[Sequence[int]]:
+        """The nodes whose states the linear-attention layers keep: the accepted path."""
+        return kept_nodes
+
     def commit(self, state: BatchState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None:
-        """Keep, per row, the cache entries of `kept_nodes` (tree node indices); drop the rest."""
+        """Keep, per row, the cache entries of `kept_nodes` (tree node indices) and the
+        linear-attention states after them; drop the rest."""
         if isinstance(state, StoreState):
             commit_stored(state, kept_nodes)
         else:
             keep_nodes(state, kept_nodes, self.device)
+        if state.linear_records is not None:
+            commit_linear_states(state, self._linear_paths(kept_nodes))
 
     def keep_rows(self, state: BatchState, keep: Sequence[int]) -> None:
         """Drop finished rows from the batch (positions in the current batch to keep). With the

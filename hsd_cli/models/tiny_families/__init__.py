@@ -49,6 +49,8 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     with torch.no_grad():
         for token in recipe.tokens.all:
             model.get_output_embeddings().weight[tokenizer.convert_tokens_to_ids(token)].zero_()
+        if recipe.weights is not None:
+            recipe.weights(model)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     model.save_pretrained(out_dir)

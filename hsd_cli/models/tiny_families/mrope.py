@@ -1,7 +1,10 @@
-"""Tiny recipes of the M-RoPE families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, PaddleOCR-VL, HunyuanOCR,
-GLM-OCR): a vision tower of two 32-wide layers over the shared two-layer text model."""
+"""Tiny recipes of the M-RoPE families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 (and MoE), PaddleOCR-VL,
+HunyuanOCR, GLM-OCR): a vision tower of two 32-wide layers over the shared two-layer text model
+(Qwen3.5's and Qwen3.5-MoE's hybrid text model: four layers, linear and full attention in turn)."""
 
 from __future__ import annotations
+
+import torch
 
 from hsd_cli.decoding.hf_target.families import adapter_for
 from hsd_cli.models.tiny import qwen25_vl_config
@@ -48,6 +51,54 @@ def _qwen3_vl(tokenizer, tokens, text, common):
         patch_size=16, temporal_patch_size=2, num_position_embeddings=64, deepstack_visual_indexes=[1],
     )
     return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
+
+
+def _hybrid_text(text: dict) -> dict:
+    """Qwen3.5's hybrid text settings around the shared tiny ones: linear and full attention in
+    turn (the real models: three linear layers to one full), with grouped value heads as the real
+    models have (Qwen3.5: 16 key heads, 32 value heads)."""
+    return dict(
+        text, num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, rope_parameters=dict(text["rope_parameters"], partial_rotary_factor=1.0, mrope_section=[2, 3, 3]),
+    )
+
+
+QWEN3_5_VISION = dict(
+    depth=2, hidden_size=32, intermediate_size=64, num_heads=2, spatial_merge_size=2, out_hidden_size=64,
+    patch_size=16, temporal_patch_size=2, num_position_embeddings=64,
+)
+
+
+def _qwen3_5(tokenizer, tokens, text, common):
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(text_config=_hybrid_text(text), vision_config=QWEN3_5_VISION, **common)
+
+
+def _qwen3_5_moe(tokenizer, tokens, text, common):
+    from transformers import Qwen3_5MoeConfig
+
+    # Four experts, two per token, and the shared expert, each as narrow as a tiny MLP half.
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+    return Qwen3_5MoeConfig(text_config=dict(_hybrid_text(text), **moe), vision_config=QWEN3_5_VISION, **common)
+
+
+def _hybrid_weights(model) -> None:
+    """Weights under which the tests can see what goes wrong in a hybrid model.
+
+    Slow decays in every Gated DeltaNet layer: transformers draws A in [0.01, 16], so with random
+    inputs most heads forget a token within a step or two, and a recurrent state that kept a
+    rejected node, or missed an accepted one, would hardly move the logits (trained models keep a
+    long memory in many heads). And full attention's output x2: its gated output is small beside
+    the random MLPs', so a token one position off moved the logits by 0.4 (7 in Qwen3-VL's tiny
+    model), too little for the bf16 checks to tell a misplaced row from rounding."""
+    for module in model.modules():
+        if type(module).__name__.endswith("GatedDeltaNet"):
+            module.A_log.copy_(torch.linspace(0.01, 0.3, module.A_log.numel()).log())
+            module.dt_bias.fill_(-2.0)
+        elif type(module).__name__.endswith("Attention") and hasattr(module, "o_proj"):
+            module.o_proj.weight.mul_(2.0)
 
 
 def _paddleocr_vl(tokenizer, tokens, text, common):
@@ -105,6 +156,8 @@ RECIPES = {
     "qwen2_vl": TinyRecipe(_qwen2_vl, _processor("qwen2_vl")),
     "qwen2_5_vl": TinyRecipe(_qwen2_5_vl, _processor("qwen2_5_vl")),
     "qwen3_vl": TinyRecipe(_qwen3_vl, _processor("qwen3_vl")),
+    "qwen3_5": TinyRecipe(_qwen3_5, _processor("qwen3_5"), weights=_hybrid_weights),
+    "qwen3_5_moe": TinyRecipe(_qwen3_5_moe, _processor("qwen3_5_moe"), weights=_hybrid_weights),
     "paddleocr_vl": TinyRecipe(_paddleocr_vl, _processor("paddleocr_vl"), PADDLE_TOKENS),
     "hunyuan_vl": TinyRecipe(_hunyuan_vl, _processor("hunyuan_vl"), HUNYUAN_TOKENS),
     "glm_ocr": TinyRecipe(_glm_ocr, _processor("glm_ocr"), GLM_OCR_TOKENS),

@@ -1,5 +1,5 @@
 """Families with M-RoPE positions (several position axes; text after an image shifted by a
-per-row rope delta): Qwen2-VL, Qwen2.5-VL, Qwen3-VL, PaddleOCR-VL, HunyuanOCR, GLM-OCR."""
+per-row rope delta): Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 (and MoE), PaddleOCR-VL, HunyuanOCR, GLM-OCR."""
 
 from __future__ import annotations
 
@@ -84,6 +84,14 @@ class Qwen3VLAdapter(QwenVLAdapter):
         from transformers import Qwen3VLProcessor
 
         return Qwen3VLProcessor
+
+
+class Qwen35Adapter(Qwen3VLAdapter):
+    """Qwen3.5 (Chandra 2) and Qwen3.5-MoE: Qwen3-VL's processor and interleaved M-RoPE (text
+    tokens carry their position on all three axes) over a hybrid text model, whose Gated DeltaNet
+    layers the target verifies trees with (hybrid.py)."""
+
+    model_types = ("qwen3_5", "qwen3_5_moe")
 
 
 class PaddleOCRVLAdapter(QwenVLAdapter):
