@@ -15,8 +15,9 @@ store removes. Doubling reallocates a row count or a slot count that no longer f
 at most one more copy of each entry over a row's life), at the cost of up to half the capacity
 unused.
 
-The store knows attention layers only; any other layer of the cache (a linear-attention layer's
-states) stays the layer transformers made, reordered with the rows through its `reorder_cache`.
+The store knows attention layers only; any other layer of the cache (a hybrid model's
+linear-attention states) stays the layer transformers made: joined as cache.py joins it,
+reordered with the rows through its own `reorder_cache`, committed by the hybrid code.
 """
 
 from __future__ import annotations
