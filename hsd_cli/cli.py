@@ -21,6 +21,7 @@ from rich.table import Table
 
 from hsd_cli import __version__
 from hsd_cli.bench import bench_app
+from hsd_cli.bench.device_check import device_check
 from hsd_cli.eval import eval_app
 from hsd_cli.profiles.command import profile as profile_command
 from hsd_cli.recipes.command import models
@@ -41,6 +42,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(eval_app, name="eval")
 app.add_typer(replay_app, name="replay-model")
 app.command("models")(models)
+app.command("device-check")(device_check)
 
 
 @app.command("profile")

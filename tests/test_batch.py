@@ -1,6 +1,7 @@
 """Batch guarantees: manifest and resume, timeouts that fire, kill -9 recovery, locks, shards, config."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hsd_cli.output.manifest import OutputLock
+from tests import fixtures
 from tests.conftest import run_hsd
 
 
@@ -166,6 +168,67 @@ def test_sigkill_mid_run_then_rerun_loses_and_duplicates_nothing(corpus, tmp_pat
     assert not list(out.rglob("*.tmp"))
     ok = [r for r in _manifest(out) if r["status"] == "ok"]
     assert sorted(r["key"] for r in ok) == [f"doc{n}" for n in range(8)]
+
+
+def _pages_in_the_model(events: Path) -> tuple[int, set[tuple[str, int]]]:
+    """From an --events file: the pages drafted and not yet done (rows in the model), and the pages done."""
+    drafted, done = set(), set()
+    for line in events.read_text().splitlines() if events.exists() else []:
+        if not line.endswith("}"):
+            continue  # the line being written
+        event = json.loads(line)
+        page = (Path(event.get("input", "")).stem, event.get("page"))
+        drafted |= {page} if event["event"] == "page_drafted" else set()
+        done |= {page} if event["event"] == "page_done" else set()
+    return len(drafted - done), done
+
+
+def _rows_run(corpus: Path, model: Path, out: Path, events: Path) -> list[str]:
+    # Drafts made ahead (--draft-workers) keep every document's next page ready, so the model holds 8
+    # rows for most of a pass instead of 7 while a page drafts.
+    return [
+        sys.executable, "-m", "hsd_cli.cli", "convert", str(corpus), "-o", str(out), "-q", "--model", str(model),
+        "--dtype", "float32", "--max-rows", "8", "--max-new-tokens", "96", "--draft", "pdf-text",
+        "--draft-workers", "1", "--events", str(events),
+    ]
+
+
+@pytest.mark.slow
+def test_sigkill_with_8_rows_in_the_model_then_rerun_reads_every_page_once_to_the_same_bytes(tiny_model, docs_dir, tmp_path):
+    """kill -9 of the run (parent and worker) while 8 pages are in the model and every document has a
+    page done, then the same command: no page finished before the kill is read again (its checkpoint
+    stands), every page is read to the end once, and the files are the bytes of a run not interrupted."""
+    (tmp_path / "corpus").mkdir()
+    corpus = fixtures.distinct_copies(docs_dir / "report.pdf", tmp_path / "corpus", 8)  # 8 documents of 2 pages
+    whole = subprocess.run(_rows_run(corpus, tiny_model, tmp_path / "whole", tmp_path / "whole.events"), capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    pages = {(f"doc{n}", page) for n in range(8) for page in (1, 2)}
+
+    out, before = tmp_path / "out", tmp_path / "before.events"
+    proc = subprocess.Popen(_rows_run(corpus, tiny_model, out, before), start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        in_model, done = _pages_in_the_model(before)
+        if in_model >= 8 and len(done) >= 8:  # every first page done, every second one in the model
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    in_model, done_before = _pages_in_the_model(before)
+    assert in_model == 8 and len(done_before) == 8, "the kill must land with 8 rows in the model"
+    assert not (out / ".hsd" / "manifest.jsonl").exists() or not _manifest(out), "no document finished before the kill"
+
+    after = tmp_path / "after.events"
+    rerun = subprocess.run(_rows_run(corpus, tiny_model, out, after), capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    _, done_after = _pages_in_the_model(after)
+    assert done_before.isdisjoint(done_after), "a page done before the kill was read again"
+    assert done_before | done_after == pages
+    written = sorted(path.relative_to(out) for path in out.rglob("*") if path.is_file() and ".hsd" not in path.parts)
+    assert written == sorted(path.relative_to(tmp_path / "whole") for path in (tmp_path / "whole").rglob("*")
+                             if path.is_file() and ".hsd" not in path.parts)
+    assert all((out / path).read_bytes() == (tmp_path / "whole" / path).read_bytes() for path in written)
+    assert sorted(r["key"] for r in _manifest(out) if r["status"] == "ok") == [f"doc{n}" for n in range(8)]
 
 
 def test_a_second_run_on_the_same_output_is_refused(docs_dir, tmp_path):

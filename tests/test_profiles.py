@@ -142,6 +142,7 @@ def test_a_profile_stored_with_the_old_grid_loads_and_prices(tmp_path):
     letter = square_side(1275, 1650)  # a Letter page at 150 dpi
     assert profile.prefill_s(letter) > profile.prefill_s(1344) and profile.prefill_tokens(letter) > 2344
     assert load_profile(str(tmp_path / "old.json")).to_json()["host"] == {"per_step": 0.0, "per_row": 0.0, "per_node": 0.0}
+    assert profile.memory is None, "stored before device memory: rows unbounded"
 
 
 def test_a_prefill_is_priced_by_its_pictures_area():
@@ -220,3 +221,28 @@ def test_random_weights_build_a_hybrid_architecture_with_its_text_settings_neste
     text = target.model.config.text_config
     assert len(target.linear_layers) == 3 and text.eos_token_id in target.stop_token_ids
     assert text.eos_token_id == target.tokenizer.eos_token_id
+
+
+def test_the_h200_is_an_h100_with_more_and_faster_memory_and_its_profile_knows_the_rows_it_holds(tmp_path, monkeypatch):
+    """The 7B's weights beside 80 or 141 GiB: the rows are the KV budget over a row's cache
+    (57,344 bytes a token in bf16, BENCHMARKS "Rows in flight by default on a GPU")."""
+    from hsd_cli.serving.rows import device_rows
+
+    config = architecture_config("qwen2_5_vl_7b")
+    shape = ModelShape.of(config)
+    h100, h200 = DEVICES["h100-bf16"], DEVICES["h200-bf16"]
+    assert h200.peak_flops == h100.peak_flops and h200.memory_bandwidth > h100.memory_bandwidth
+    assert h200.memory_bytes > h100.memory_bytes
+    assert analytic_forward_s(shape, h200, 64, 1, 4096) < analytic_forward_s(shape, h100, 64, 1, 4096), "memory-bound: faster"
+    assert analytic_forward_s(shape, h200, 64, 64, 4096) == pytest.approx(analytic_forward_s(shape, h100, 64, 64, 4096), rel=0.05), (
+        "compute-bound: the same")
+    profile = analytic_profile("h200-bf16", "qwen2_5_vl_7b", config)
+    assert profile.name == "qwen2_5_vl_7b-h200-bf16" and profile.memory.kv_bytes_per_token == 57344
+    assert 15e9 < profile.memory.weight_bytes < 18e9
+    rows = {name: device_rows(memory.device_bytes, memory.weight_bytes, 6991 * memory.kv_bytes_per_token)
+            for name, memory in (("h100", analytic_profile("h100-bf16", "7b", config).memory), ("h200", profile.memory))}
+    assert 130 <= rows["h100"] <= 145 and rows["h200"] > 1.9 * rows["h100"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    stored = run_hsd("profile", "--analytic", "h200-bf16", "--random-weights", "qwen2_5_vl_7b")
+    assert stored.exit_code == 0, stored.stderr
+    assert load_profile("qwen2_5_vl_7b-h200-bf16") == profile, "the memory is stored and read back"

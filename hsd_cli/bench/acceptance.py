@@ -101,7 +101,7 @@ def projected_throughput(
 ) -> dict[str, Any]:
     """Per page kind and over all pages (the kinds one after the other): each throughput arm's
     projected pages per second on the profile's device, with the published outputs as the model's."""
-    from hsd_cli.bench.corpus_projection import projected_arms, projected_json, summed
+    from hsd_cli.bench.corpus_projection import memory_rows, projected_arms, projected_json, summed
     from hsd_cli.profiles import load_profile
 
     try:
@@ -109,13 +109,14 @@ def projected_throughput(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise typer.BadParameter(f"cannot read cost profile {profile_name!r}: {exc}", param_hint="--profile") from None
     outputs = {page.id: tokenizer.encode(page.output, add_special_tokens=False) + [stop_token_id] for page in pages}
+    of_kind = {kind.replace("-", "_"): [page for page in pages if page.kind == kind] for kind in sorted({page.kind for page in pages})}
     by_kind = {
-        kind.replace("-", "_"): projected_arms([page for page in pages if page.kind == kind], outputs, tokenizer,
-                                               [stop_token_id], profile, match, config, rows, graph_saving_s, sizing)
-        for kind in sorted({page.kind for page in pages})
+        kind: projected_arms(chosen, outputs, tokenizer, [stop_token_id], profile, match, config, rows, graph_saving_s, sizing)
+        for kind, chosen in of_kind.items()
     }
-    kinds = {kind: projected_json(runs) for kind, runs in by_kind.items()}
-    kinds["all"] = projected_json(summed(list(by_kind.values())))
+    # Rows above what the device's memory holds at the pages' contexts are not priced.
+    kinds = {kind: projected_json(runs) | {"rows_held": memory_rows(profile, of_kind[kind], outputs)} for kind, runs in by_kind.items()}
+    kinds["all"] = projected_json(summed(list(by_kind.values()))) | {"rows_held": memory_rows(profile, pages, outputs)}
     return {"profile": profile.name, "profile_kind": profile.kind, "sizing": sizing.value,
             "plain_graph_saving_s": graph_saving_s if profile.kind == "analytic" else 0.0, "kinds": kinds}
 

@@ -137,14 +137,35 @@ def projected_seconds(
     return ProjectedRun(len(stream), oracle.seconds, oracle.prefill_s)
 
 
+def memory_rows(profile: Profile, pages: Sequence[CorpusPage], outputs: dict[str, list[int]]) -> int | None:
+    """The rows the profile's device holds beside the weights (serving.rows.device_rows), each row
+    budgeted at the KV cache of a page's whole context (its prompt and its output), the mean over
+    `pages`; None where the profile sets no memory (a CPU, a profile stored before)."""
+    from hsd_cli.serving.rows import device_rows
+
+    if profile.memory is None:
+        return None
+    context = sum(profile.prefill_tokens(page.side) + len(outputs[page.id]) for page in pages) / len(pages)
+    memory = profile.memory
+    return device_rows(memory.device_bytes, memory.weight_bytes, round(context * memory.kv_bytes_per_token))
+
+
+def feasible_rows(rows: Sequence[int], held: int | None) -> tuple[int, ...]:
+    """The row counts the device's memory holds (one row always: a model that does not fit one is
+    priced alone, as the plain engine would fail)."""
+    return tuple(r for r in rows if held is None or r <= max(held, 1))
+
+
 def projected_arms(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
     profile: Profile, match: str, config: DecodeConfig, rows: Sequence[int], graph_saving_s: float,
     sizing: Sizing = Sizing.PAGE,
 ) -> dict[str, dict[int, ProjectedRun]]:
-    """arm -> rows -> the projected run of `pages` (one kind). The plain engine gets
-    `graph_saving_s` per forward on an analytic profile only (a measured one has its own launches)."""
+    """arm -> rows -> the projected run of `pages` (one kind), at the row counts the device's memory
+    holds (`memory_rows`): more rows than fit are not priced. The plain engine gets `graph_saving_s`
+    per forward on an analytic profile only (a measured one has its own launches)."""
     saving = graph_saving_s if profile.kind == "analytic" else 0.0
+    rows = feasible_rows(rows, memory_rows(profile, pages, outputs))
 
     def seconds(r: int, drafted: bool, forward_saving_s: float = 0.0) -> ProjectedRun:
         return projected_seconds(pages, outputs, tokenizer, stop_token_ids, profile, match, config,
@@ -159,8 +180,10 @@ def projected_arms(
 
 
 def summed(runs: Sequence[dict[str, dict[int, ProjectedRun]]]) -> dict[str, dict[int, ProjectedRun]]:
-    """The runs of several kinds one after the other: pages and seconds added."""
-    return {arm: {r: sum((run[arm][r] for run in runs), ProjectedRun()) for r in by} for arm, by in runs[0].items()}
+    """The runs of several kinds one after the other: pages and seconds added, at the row counts
+    every kind ran (each kind's memory may hold other rows)."""
+    return {arm: {r: sum((run[arm][r] for run in runs), ProjectedRun()) for r in by if all(r in run[arm] for run in runs)}
+            for arm, by in runs[0].items()}
 
 
 def _rate(pages: int, seconds: float) -> float:

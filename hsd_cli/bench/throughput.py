@@ -9,6 +9,9 @@ page prompt):
 - `hsd-1`: one page at a time, verifying the pipeline's drafts (hsd convert's page stage);
 - `hsd-cb`: continuous batching verifying the drafts, each step's trees cut to the width the cost
   profile prices best (decoding/sizing.py), at each `--rows`.
+How they are measured (interleaved repeats, medians, pages cycled, rows searched upward):
+bench/throughput_runs.py. Drafting is outside every arm: its CPU seconds a page are reported, and
+per arm the CPU cores that draft as fast as the arm reads (seconds a page x pages per second).
 Without a profile the hsd arms verify whole trees (`sized` false). Pages of one kind are decoded
 together; the whole corpus (`all`) is the kinds one after the other. Per row count, an arm's
 `node_fill` is the share of its forwards' node slots that held a tree node: rows verify trees of
@@ -27,13 +30,16 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from time import perf_counter, process_time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from time import process_time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from hsd_cli.bench.throughput_runs import (
+    ArmRun, Measured, RowSearch, Runs, arm_run, median_summary, paired_ratio, searched_runs,
+)
 from hsd_cli.config import Sizing
 from hsd_cli.document.inputs import InputDocument, discover
 
@@ -41,8 +47,6 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from hsd_cli.bench.corpus_projection import ProjectedRun
-    from hsd_cli.decoding import DecodeRequest, DecodeResult
-    from hsd_cli.decoding.sizing import LoadSizer
     from hsd_cli.serving.model import VlmModel
 
 KINDS = ("born_digital", "scan")
@@ -62,41 +66,6 @@ class CorpusPage:
         from hsd_cli.profiles import square_side
 
         return square_side(*self.picture.size)
-
-
-@dataclass
-class ArmRun:
-    """One arm's run over the pages of one kind at one row count."""
-
-    seconds: float = 0.0
-    tokens: dict[str, list[int]] = field(default_factory=dict)  # by page id
-    latencies: list[float] = field(default_factory=list)  # admitted to finished, per page
-    # Over every page's tree steps: the nodes verified (roots included), and the node slots of
-    # those steps' forwards (a row is padded to the widest tree of its forward). None for `generate`.
-    nodes: int = 0
-    slots: int = 0
-
-    def add(self, page_id: str, result: DecodeResult, latency: float) -> None:
-        self.tokens[page_id] = result.tokens
-        self.latencies.append(latency)
-        self.nodes += result.stats.proposed + len(result.stats.steps)
-        self.slots += sum(width for _, width, _ in result.stats.steps)
-
-    def summary(self, reference: ArmRun | None) -> dict[str, Any]:
-        pages = len(self.tokens)
-        new_tokens = sum(len(tokens) for tokens in self.tokens.values())
-        identical = sum(tokens == reference.tokens[page] for page, tokens in self.tokens.items()) if reference else pages
-        return {
-            "pages_per_s": round(pages / self.seconds, 4) if self.seconds else 0.0,
-            "tokens_per_s": round(new_tokens / self.seconds, 2) if self.seconds else 0.0,
-            "mean_latency_s": round(sum(self.latencies) / pages, 3) if pages else 0.0,
-            "identical_share": round(identical / pages, 4) if pages else 0.0,
-            "node_fill": round(self.nodes / self.slots, 4) if self.slots else None,
-        }
-
-    def __add__(self, other: ArmRun) -> ArmRun:
-        return ArmRun(self.seconds + other.seconds, self.tokens | other.tokens, self.latencies + other.latencies,
-                      self.nodes + other.nodes, self.slots + other.slots)
 
 
 def corpus_pages(documents: Sequence[InputDocument], model: VlmModel, progress: Any) -> list[CorpusPage]:
@@ -129,128 +98,116 @@ def corpus_pages(documents: Sequence[InputDocument], model: VlmModel, progress: 
     return pages
 
 
-def page_requests(model: VlmModel, pages: Sequence[CorpusPage], drafted: bool) -> list[DecodeRequest]:
-    from hsd_cli.decoding import DecodeRequest, NoDraftProposer, make_proposer
-
-    prompt, match = model.settings.page_prompt, model.settings.draft_match
-    return [
-        DecodeRequest(page.picture, prompt, make_proposer(model.target, page.drafts, match) if drafted else NoDraftProposer())
-        for page in pages
-    ]
-
-
-def streamed(target: Any, pages: Sequence[CorpusPage], requests: Sequence[DecodeRequest], rows: int, config: Any,
-             sizers: Callable[[int], LoadSizer] | None) -> ArmRun:
-    """The pages through `decode_stream` at `rows`, timed; a page's latency runs from its admission.
-    `sizers`: each page's sizer, by its index (None: whole trees)."""
-    from hsd_cli.decoding.loop import decode_stream
-
-    admitted: dict[int, float] = {}
-
-    def feed() -> Iterator[DecodeRequest]:
-        for index, request in enumerate(requests):
-            admitted[index] = perf_counter()
-            yield request
-
-    run = ArmRun()
-    started = perf_counter()
-    for index, result in decode_stream(target, feed(), config, max_rows=rows, separate_prefill=True, sizers=sizers):
-        run.add(pages[index].id, result, perf_counter() - admitted[index])
-    run.seconds = perf_counter() - started
-    return run
-
-
-def generated(model: VlmModel, pages: Sequence[CorpusPage]) -> ArmRun:
-    run = ArmRun()
-    config = model.decode_config
-    for page in pages:
-        started = perf_counter()
-        run.tokens[page.id] = model.target.generate_plainly(page.picture, model.settings.page_prompt, config.max_new_tokens)
-        run.latencies.append(perf_counter() - started)
-    run.seconds = sum(run.latencies)
-    return run
-
-
-def measured_runs(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int], sizing: Sizing) -> dict[str, dict[int, ArmRun]]:
-    """arm -> rows -> run, over `pages` (one kind). Generate and hsd-1 run at one row; hsd-cb sizes
-    its trees as `hsd convert --sizing` does."""
-    from hsd_cli.bench.corpus_projection import read_sizers
-
-    config = model.decode_config
-    runs: dict[str, dict[int, ArmRun]] = {"generate": {1: generated(model, pages)}}
-    runs["hsd-1"] = {1: ArmRun()}
-    for page, request in zip(pages, page_requests(model, pages, drafted=True)):
-        runs["hsd-1"][1] += streamed(model.target, [page], [request], 1, config, read_sizers(model.profile, [page], 1))
-    runs["plain-cb"] = {r: streamed(model.target, pages, page_requests(model, pages, False), r, config, None) for r in rows}
-    runs["hsd-cb"] = {
-        r: streamed(model.target, pages, page_requests(model, pages, True), r, config, read_sizers(model.profile, pages, r, sizing))
-        for r in rows
-    }
-    return runs
-
-
-def summarised(runs: dict[str, dict[int, ArmRun]], reference: ArmRun) -> dict[str, Any]:
-    """The issue's shape: per arm its best row count and figures there; per row count every arm."""
-    arms, by_rows = {}, {}
+def _rows_entry(runs: Runs, reference: ArmRun) -> dict[str, Any]:
+    """Per row count every arm's medians, and hsd-cb over plain-cb repeat by repeat."""
+    by_rows: dict[str, Any] = {}
     for arm, by_count in runs.items():
-        summaries = {r: run.summary(reference) for r, run in by_count.items()}
+        for r, repeats in by_count.items():
+            summary = median_summary(repeats, reference)
+            by_rows.setdefault(str(r), {})[arm] = {key: summary[key] for key in ("pages_per_s", "spread", "tokens_per_s", "node_fill")}
+    for r in runs.get("plain-cb", {}):
+        by_rows[str(r)]["hsd-cb / plain-cb"] = paired_ratio(runs["hsd-cb"][r], runs["plain-cb"][r])
+    return dict(sorted(by_rows.items(), key=lambda item: int(item[0])))
+
+
+def summarised(runs: Runs, reference: ArmRun, draft_s: float) -> dict[str, Any]:
+    """Per arm its best row count (by the median) and its figures there, with the CPU cores that
+    draft as fast as it reads (drafting's CPU seconds a page x its pages per second); per row count
+    every arm; the two batched arms' best against best."""
+    arms = {}
+    for arm, by_count in runs.items():
+        summaries = {r: median_summary(repeats, reference) for r, repeats in by_count.items()}
         best = max(summaries, key=lambda r: summaries[r]["pages_per_s"])
-        arms[arm] = {"best_rows": best, **summaries[best],
+        arms[arm] = {"best_rows": best, **summaries[best], "draft_cores": round(draft_s * summaries[best]["pages_per_s"], 3),
                      "identical_share": min(s["identical_share"] for s in summaries.values())}
-        for r, summary in summaries.items():
-            by_rows.setdefault(str(r), {})[arm] = {key: summary[key] for key in ("pages_per_s", "tokens_per_s", "node_fill")}
-    return {"arms": arms, "by_rows": dict(sorted(by_rows.items(), key=lambda item: int(item[0])))}
+    entry: dict[str, Any] = {"arms": arms, "by_rows": _rows_entry(runs, reference)}
+    if "plain-cb" in arms and arms["plain-cb"]["pages_per_s"]:
+        entry["best_against_best"] = round(arms["hsd-cb"]["pages_per_s"] / arms["plain-cb"]["pages_per_s"], 4)
+    return entry
 
 
-def row_counts(text: str, option: str) -> tuple[int, ...]:
+def whole_corpus(measured: dict[str, Runs], kinds: Sequence[str]) -> Runs:
+    """The kinds one after the other, repeat by repeat, at the row counts every kind ran."""
+    first = measured[kinds[0]]
+    return {
+        arm: {r: [sum((measured[k][arm][r][i] for k in kinds), ArmRun()) for i in range(len(repeats))]
+              for r, repeats in by.items() if all(r in measured[k][arm] for k in kinds)}
+        for arm, by in first.items()
+    }
+
+
+def row_counts(text: str, option: str, auto: bool = False) -> tuple[int, ...]:
+    """Positive row counts separated by commas; with `auto`, "auto" is () (searched: RowSearch)."""
+    if auto and text.strip() == "auto":
+        return ()
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         values = ()
     if not values or min(values) < 1:
-        raise typer.BadParameter(f"give positive row counts separated by commas, not {text!r}", param_hint=option)
+        also = " or auto" if auto else ""
+        raise typer.BadParameter(f"give positive row counts separated by commas{also}, not {text!r}", param_hint=option)
     return tuple(sorted(set(values)))
 
 
-def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], rows: Sequence[int], projected_rows: Sequence[int],
-                  graph_saving_s: float, progress: Any, sizing: Sizing = Sizing.PAGE) -> dict[str, Any]:
-    from hsd_cli.bench.corpus_projection import projected_arms, projected_json, summed
+@dataclass(frozen=True)
+class BenchPlan:
+    """How the measured arms run: the row counts (given or searched), repeats, tree sizing."""
+
+    search: RowSearch
+    repeats: int = 3
+    sizing: Sizing = Sizing.PAGE
+
+
+def _draft_s(pages: Sequence[CorpusPage]) -> float:
+    return sum(page.draft_cpu_s for page in pages) / len(pages)
+
+
+def _with_projection(entry: dict[str, Any], runs: dict[str, dict[int, ProjectedRun]], draft_s: float,
+                     rows_held: int | None) -> None:
+    from hsd_cli.bench.corpus_projection import projected_json
+
+    projection = projected_json(runs)
+    entry["projected_rows_held"] = rows_held  # more rows than the device's memory holds are not priced
+    for arm, figures in projection["arms"].items():
+        entry["arms"][arm]["projected"] = figures | {"draft_cores": round(draft_s * figures["pages_per_s"], 3)}
+    entry["projected_by_rows"] = projection["by_rows"]
+
+
+def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], plan: BenchPlan, projected_rows: Sequence[int],
+                  graph_saving_s: float, progress: Any) -> dict[str, Any]:
+    from hsd_cli.bench.corpus_projection import memory_rows, projected_arms, summed
 
     kinds = [kind for kind in KINDS if any(page.kind == kind for page in pages)]
-    measured: dict[str, dict[str, dict[int, ArmRun]]] = {}
+    of_kind = {kind: [page for page in pages if page.kind == kind] for kind in kinds}
+    measured: dict[str, Measured] = {}
     projected: dict[str, dict[str, dict[int, ProjectedRun]]] = {}
+    outputs: dict[str, list[int]] = {}
     model.target.generate_plainly(pages[0].picture, model.settings.page_prompt, 1)  # lazy initialisation, untimed
     for kind in kinds:
-        of_kind = [page for page in pages if page.kind == kind]
-        progress(f"{kind}: {len(of_kind)} pages, rows {', '.join(map(str, rows))}")
-        measured[kind] = measured_runs(model, of_kind, rows, sizing)
+        progress(f"{kind}: {len(of_kind[kind])} pages")
+        measured[kind] = searched_runs(lambda arm, r: arm_run(model, of_kind[kind], arm, r, plan.sizing), plan.search,
+                                       plan.repeats, progress)
         if model.profile is not None:
-            outputs = measured[kind]["generate"][1].tokens
+            outputs |= measured[kind].runs["generate"][1][0].tokens
             projected[kind] = projected_arms(
-                of_kind, outputs, model.target.tokenizer, model.target.stop_token_ids, model.profile,
-                model.settings.draft_match, model.decode_config, projected_rows, graph_saving_s, sizing,
+                of_kind[kind], outputs, model.target.tokenizer, model.target.stop_token_ids, model.profile,
+                model.settings.draft_match, model.decode_config, projected_rows, graph_saving_s, plan.sizing,
             )
-    # The whole corpus: the kinds one after the other.
-    measured["all"] = {arm: {r: sum((measured[k][arm][r] for k in kinds), ArmRun()) for r in by} for arm, by in measured[kinds[0]].items()}
+    runs = {kind: measured[kind].runs for kind in kinds} | {"all": whole_corpus({k: measured[k].runs for k in kinds}, kinds)}
     if projected:
         projected["all"] = summed([projected[k] for k in kinds])
+    draft_s = {kind: _draft_s(of_kind[kind]) for kind in kinds} | {"all": _draft_s(pages)}
     report: dict[str, Any] = {"kinds": {}}
     for kind in [*kinds, "all"]:
-        entry = summarised(measured[kind], measured[kind]["generate"][1])
+        entry = summarised(runs[kind], runs[kind]["generate"][1][0], draft_s[kind])
+        entry["draft_cpu_s_per_page"] = round(draft_s[kind], 4)
+        entry["rows_stopped"] = measured[kind].stopped if kind in measured else None
         if kind in projected:
-            projection = projected_json(projected[kind])
-            for arm, figures in projection["arms"].items():
-                entry["arms"][arm]["projected"] = figures
-            entry["projected_by_rows"] = projection["by_rows"]
+            chosen = pages if kind == "all" else of_kind[kind]
+            _with_projection(entry, projected[kind], draft_s[kind], memory_rows(model.profile, chosen, outputs))
         report["kinds"][kind] = entry
-    draft_s = sum(page.draft_cpu_s for page in pages) / len(pages)
-    best = report["kinds"]["all"]["arms"]["hsd-cb"]
-    report["draft_cpu_s_per_page"] = round(draft_s, 4)
-    # Cores that draft as fast as the model reads: CPU seconds per page x pages per second.
-    report["draft_cores_per_device"] = {
-        "measured": round(draft_s * best["pages_per_s"], 3),
-        "projected": round(draft_s * best["projected"]["pages_per_s"], 3) if "projected" in best else None,
-    }
+    report["draft_cpu_s_per_page"] = round(draft_s["all"], 4)
     return report
 
 
@@ -258,24 +215,52 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="pages per second (best rows)")
-    for column in ("kind", "arm", "best rows", "pages/s", "tokens/s", "latency s", "identical", "projected rows", "projected pages/s",
-                   "projected prefill share"):
+    table = Table(title=f"pages per second (best rows; medians of {report['repeats']} repeats)")
+    for column in ("kind", "arm", "best rows", "pages/s", "spread", "tokens/s", "latency s", "identical", "draft cores",
+                   "projected rows", "projected pages/s", "projected prefill share"):
         table.add_column(column, justify="left" if column in ("kind", "arm") else "right")
     for kind, entry in report["kinds"].items():
         for arm, row in entry["arms"].items():
             projected = row.get("projected") or {}
-            table.add_row(kind, arm, str(row["best_rows"]), f"{row['pages_per_s']:.3f}", f"{row['tokens_per_s']:.1f}",
-                          f"{row['mean_latency_s']:.2f}", f"{row['identical_share']:.0%}", str(projected.get("best_rows", "-")),
+            table.add_row(kind, arm, str(row["best_rows"]), f"{row['pages_per_s']:.3f}", f"{row['spread']:.0%}",
+                          f"{row['tokens_per_s']:.1f}", f"{row['mean_latency_s']:.2f}", f"{row['identical_share']:.0%}",
+                          f"{row['draft_cores']:.2f}", str(projected.get("best_rows", "-")),
                           f"{projected['pages_per_s']:.2f}" if projected else "-",
                           f"{projected['prefill_share']:.0%}" if projected else "-")
     Console(stderr=True).print(table)
 
 
+def bench_report(config: Any, paths: Sequence[str], plan: BenchPlan, projected_rows: Sequence[int], graph_saving_ms: float,
+                 threads: int | None, progress: Callable[[str], None]) -> dict[str, Any] | None:
+    """The bench over the documents under `paths` with the model `config` names; None when no page
+    could be read. Also what `hsd device-check` runs."""
+    import torch
+
+    from hsd_cli.bench.loading import bench_model
+
+    vlm = bench_model(config, threads)
+    pages = corpus_pages(discover(paths, recursive=True).documents, vlm, progress)
+    if not pages:
+        return None
+    report = corpus_report(vlm, pages, plan, projected_rows, graph_saving_ms / 1000, progress)
+    report.update(
+        sizing=plan.sizing.value, repeats=plan.repeats, rows_given=list(plan.search.given) or "auto",
+        model=config.model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(), pages=len(pages), max_new_tokens=vlm.decode_config.max_new_tokens,
+        sized=vlm.profile is not None, profile=vlm.profile.name if vlm.profile else None,
+        profile_kind=vlm.profile.kind if vlm.profile else None,
+        plain_graph_saving_s=graph_saving_ms / 1000 if vlm.profile and vlm.profile.kind == "analytic" else 0.0,
+    )
+    return report
+
+
 def throughput(
     paths: Annotated[list[str], typer.Argument(help="PDFs, images or directories of them.")],
     model: Annotated[str, typer.Option(help="Model id or local directory.")],
-    rows: Annotated[str, typer.Option(help="Row counts the batched arms run at, comma-separated.")] = "1,4,8,16,32",
+    rows: Annotated[str, typer.Option(help="Row counts the batched arms run at, comma-separated; auto: from 1, doubling, until plain-cb gains less than --min-gain (or memory runs out).")] = "auto",
+    repeats: Annotated[int, typer.Option(min=1, help="Rounds of the arms, interleaved; every figure is the median over them.")] = 3,
+    max_rows: Annotated[int, typer.Option(min=1, help="With --rows auto: the most rows tried.")] = 256,
+    min_gain: Annotated[float, typer.Option(min=0.0, help="With --rows auto: the plain engine's gain over the row count before (a share) below which the rows stop rising.")] = 0.05,
     profile: Annotated[
         str | None,
         typer.Option(help="Cost profile (a stored name or a JSON file): the hsd arms size verification with it, and every arm is projected onto its device (default: the one `hsd profile` stored for the model)."),
@@ -291,38 +276,25 @@ def throughput(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Pages per second over a corpus: hsd (one page at a time, and continuously batched with
-    verification sized by the load) against generate and the plain continuous-batching engine."""
-    counts, projected_counts = row_counts(rows, "--rows"), row_counts(projected_rows, "--projected-rows")
-    documents = discover(paths, recursive=True).documents
-    if not documents:
+    verification sized by the load) against generate and the plain continuous-batching engine; the
+    arms interleaved over --repeats, medians and spreads; drafting's CPU seconds a page and the
+    cores that keep each arm fed."""
+    counts, projected_counts = row_counts(rows, "--rows", auto=True), row_counts(projected_rows, "--projected-rows")
+    if not discover(paths, recursive=True).documents:
         raise typer.BadParameter("no PDF or image among the paths", param_hint="PATHS")
-    import torch
-
-    from hsd_cli.bench.loading import bench_model, bench_model_path
     from pathlib import Path
 
+    from hsd_cli.bench.loading import bench_model_path
     from hsd_cli.config import ConvertConfig
 
     config = ConvertConfig(output_dir=Path("."), model=bench_model_path(model), device=device, dtype=dtype,
                            trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens, profile=profile)
-    vlm = bench_model(config, threads)
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr)
-
-    pages = corpus_pages(documents, vlm, progress)
-    if not pages:
+    plan = BenchPlan(RowSearch(counts, max_rows, min_gain), repeats, sizing)
+    report = bench_report(config, paths, plan, projected_counts, graph_saving_ms, threads, lambda line: print(line, file=sys.stderr))
+    if report is None:
         print("error: no page could be read", file=sys.stderr)
         raise typer.Exit(1)
-    report = corpus_report(vlm, pages, counts, projected_counts, graph_saving_ms / 1000, progress, sizing)
-    report.update(
-        sizing=sizing.value,
-        model=model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),
-        threads=torch.get_num_threads(), pages=len(pages), max_new_tokens=vlm.decode_config.max_new_tokens,
-        sized=vlm.profile is not None, profile=vlm.profile.name if vlm.profile else None,
-        profile_kind=vlm.profile.kind if vlm.profile else None,
-        plain_graph_saving_s=graph_saving_ms / 1000 if vlm.profile and vlm.profile.kind == "analytic" else 0.0,
-    )
+    report["model"] = model
     if json_output:
         print(json.dumps(report, indent=1))
     else:

@@ -191,17 +191,22 @@ def processed_logits(
 
 @torch.inference_mode()  # the target's logits are inference tensors: processed in place, in that mode
 def rules_on_trees(
-    trees: Sequence[TokenTree], logits: torch.Tensor, histories: Sequence[tuple[Sequence[int], Sequence[int]]], rules: LogitsRules,
+    trees: Sequence[TokenTree], logits: torch.Tensor, histories: Sequence[tuple[Sequence[int], Sequence[int]]],
+    rules: Sequence[LogitsRules],
 ) -> torch.Tensor:
     """The (N, V) logits of a batch's valid nodes (row by row, as the target returns them),
-    each row's tree processed with its (prompt, output) history; in place on fp32 logits."""
+    each row's tree processed with its (prompt, output) history and its own `rules` (a row of
+    another request decodes by its own makers' rules); in place on fp32 logits."""
     scores = logits if logits.dtype == torch.float32 else logits.float()
-    for part, tree, (prompt, output) in zip(scores.split([len(tree) for tree in trees]), trees, histories):
-        apply_rules_(part, tree.tokens, tree.parents, prompt, output, rules)
+    for part, tree, (prompt, output), row_rules in zip(scores.split([len(tree) for tree in trees]), trees, histories, rules):
+        if row_rules.active:
+            apply_rules_(part, tree.tokens, tree.parents, prompt, output, row_rules)
     return scores
 
 
-def rules_on_roots(logits: torch.Tensor, histories: Sequence[tuple[Sequence[int], Sequence[int]]], rules: LogitsRules) -> torch.Tensor:
+def rules_on_roots(
+    logits: torch.Tensor, histories: Sequence[tuple[Sequence[int], Sequence[int]]], rules: Sequence[LogitsRules],
+) -> torch.Tensor:
     """(B, V) logits of one position per row (the prefill's first token), processed with each row's
-    (prompt, output) history."""
+    (prompt, output) history and rules."""
     return rules_on_trees([TokenTree((0,), (-1,))] * len(histories), logits, histories, rules)

@@ -19,9 +19,9 @@ from .logits_rules import LogitsRules, rules_on_roots, rules_on_trees
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
 from .repetition import NO_ALLOWANCE, RepetitionAllowance, RepetitionGuard, RepetitionLoop, loop_at_end, structure_allowance
 from .sizing import LoadSizer
-from .stats import DecodeStats
+from .stats import DecodeStats, StepSeconds
 from .timing import wait_for
-from .tree import TokenTree, TreeBatch, batch_trees
+from .tree import TokenTree, TreeBatch, batch_trees, step_shape
 from .verify import NearLossless, SamplingConfig, StepOutcome, first_tokens, relax_path, row_logits, verify_trees
 
 
@@ -32,6 +32,10 @@ class DecodeConfig:
     repetition_guard: bool = True  # stop where the output loops (repetition.py says what a loop is)
     stop_token_ids: tuple[int, ...] | None = None  # None: the target's own stop tokens
     rules: LogitsRules = LogitsRules()  # penalties and n-gram bans, applied at every tree node (logits_rules.py)
+    # Pad each step's trees to its bucketed width (tree.step_shape), so that a device replaying
+    # captured graphs meets a few shapes only; padding nodes get no logits, so outputs do not
+    # change. Off: a CPU captures nothing, and pays for every padding node's attention.
+    bucket_widths: bool = False
 
 
 @dataclass
@@ -54,6 +58,9 @@ class DecodeRequest:
     # None: the batch's rule (DecodeConfig.sampling). A makers' retry reads at its attempt's
     # temperature and seed beside rows that read at the batch's.
     sampling: SamplingConfig | None = None
+    # None: the batch's logits rules (DecodeConfig.rules). A two-step model's block of one kind
+    # decodes by its makers' penalties for that kind beside blocks of another.
+    rules: LogitsRules | None = None
 
 
 @dataclass
@@ -119,6 +126,7 @@ class DecodeSequence:
     stop_reason: str | None = None
     guard: RepetitionGuard = field(init=False)
     prompt: Sequence[int] = ()  # the prompt's token ids, kept where logits rules read them
+    joined: StepSeconds = field(default_factory=StepSeconds)  # the batch's step seconds when the row joined
 
     def __post_init__(self) -> None:
         self.guard = RepetitionGuard(self.request.allowance)
@@ -126,22 +134,32 @@ class DecodeSequence:
     def sampling(self, config: DecodeConfig) -> SamplingConfig:
         return self.request.sampling or config.sampling
 
-    def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
-        """Append tokens up to and including the first that ends the output (a stop token, the
-        budget, a loop); return how many. Tokens are cut where plain decoding with the same guard
-        would have stopped, also where a loop is found inside one accepted chunk."""
-        checked = len(self.tokens)
+    def rules(self, config: DecodeConfig) -> LogitsRules:
+        return self.request.rules or config.rules
+
+    def _emit_to_end(self, new_tokens: Sequence[int], stop_ids: set[int], budget: int) -> None:
+        """Append tokens one by one up to and including the first that ends the output."""
         for token in new_tokens:
-            if len(self.tokens) >= config.max_new_tokens:
+            if len(self.tokens) >= budget:
                 self.stop_reason = "budget"
                 break
             self.tokens.append(token)
             if token in stop_ids:
                 self.stop_reason = "eos"
-            elif len(self.tokens) >= config.max_new_tokens:
+            elif len(self.tokens) >= budget:
                 self.stop_reason = "budget"
             if self.stop_reason is not None:
                 break
+
+    def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
+        """Append tokens up to and including the first that ends the output (a stop token, the
+        budget, a loop); return how many. Tokens are cut where plain decoding with the same guard
+        would have stopped, also where a loop is found inside one accepted chunk."""
+        checked = len(self.tokens)
+        if len(new_tokens) < config.max_new_tokens - checked and stop_ids.isdisjoint(new_tokens):
+            self.tokens += new_tokens  # most steps: none of them ends the output
+        else:
+            self._emit_to_end(new_tokens, stop_ids, config.max_new_tokens)
         loop_stop = self.guard.stop_after(self.tokens) if config.repetition_guard else None
         if loop_stop is not None:
             del self.tokens[loop_stop:]
@@ -162,12 +180,13 @@ def _prefill(
         inputs = [target.inputs([s.request.image for s in sequences], [s.request.prompt for s in sequences])]
         state, logits = target.prefill(inputs[0])
     state.rows = list(newcomers)  # the batch keys
-    if config.rules.active:
-        if config.rules.reads_prompt:
+    rules = [s.rules(config) for s in sequences]
+    if any(row_rules.active for row_rules in rules):
+        if any(row_rules.reads_prompt for row_rules in rules):
             prompts = [prompt for part in inputs for prompt in target.prompt_tokens(part)]
             for sequence, prompt in zip(sequences, prompts):
                 sequence.prompt = prompt
-        logits = rules_on_roots(logits, [(s.prompt, s.tokens) for s in sequences], config.rules)
+        logits = rules_on_roots(logits, [(s.prompt, s.tokens) for s in sequences], rules)
     first = first_tokens(logits, [s.key for s in sequences], [s.sampling(config) for s in sequences])
     elapsed = perf_counter() - start
     for sequence, token in zip(sequences, first):
@@ -197,7 +216,7 @@ def _propose(active: list[DecodeSequence]) -> tuple[list[TokenTree], list[TokenT
 def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor, config: DecodeConfig) -> list[StepOutcome]:
     """Each row's exact outcome, and where the row's request has the near-lossless rule, its walk
     under the rule from there."""
-    samplings = [s.sampling(config) for s in active]
+    samplings = [s.request.sampling or config.sampling for s in active]  # `DecodeSequence.sampling`, without a call a row
     outcomes = verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], samplings)
     if all(s.request.near_lossless is None for s in active):
         return outcomes
@@ -210,30 +229,41 @@ def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor
     ]
 
 
-def _step(target: Target, state: TargetState, active: list[DecodeSequence], config: DecodeConfig, stop_ids: set[int]) -> None:
+def _step(
+    target: Target, state: TargetState, active: list[DecodeSequence], config: DecodeConfig, stop_ids: set[int], seconds: StepSeconds,
+) -> None:
     start = perf_counter()
     proposed, row_trees = _propose(active)
-    trees = batch_trees(row_trees)
+    width = step_shape(len(row_trees), [len(tree) for tree in row_trees])[1] if config.bucket_widths else None
+    trees = batch_trees(row_trees, width=width)
     proposed_at = perf_counter()
     logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, trees.valid))
     forwarded_at = perf_counter()
-    if config.rules.active:  # every node's logits with its own path's tokens, before any pick
-        logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in active], config.rules)
+    rules = [s.request.rules or config.rules for s in active]  # `DecodeSequence.rules`, without a call a row
+    if any(row_rules.active for row_rules in rules):  # every node's logits with its own path's tokens, before any pick
+        logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in active], rules)
     outcomes = _verify(active, trees, logits, config)
     target.commit(state, trees.width, [o.path for o in outcomes])
-    # Each row's accepted tokens are read from its own tree (Python tuples), not from the batch's tensors.
+    _take_outcomes(active, proposed, row_trees, outcomes, trees.width, config, stop_ids)
+    seconds.add(proposed_at - start, perf_counter() - proposed_at, forwarded_at - proposed_at)
+
+
+def _take_outcomes(
+    active: list[DecodeSequence], proposed: list[TokenTree], row_trees: list[TokenTree], outcomes: list[StepOutcome],
+    width: int, config: DecodeConfig, stop_ids: set[int],
+) -> None:
+    """Each row's outcome into its sizer, proposer, output and counts. Its accepted tokens are read
+    from its own tree (Python tuples), not from the batch's tensors."""
+    rows = len(active)
     for sequence, whole, tree, outcome in zip(active, proposed, row_trees, outcomes):
+        path, proposer = outcome.path, sequence.request.proposer
         if sequence.sizer is not None:
-            sequence.sizer.observe(sequence.request.proposer.kind, tree, outcome.path, whole, outcome.bonus)
-        path_tokens = [tree.tokens[node] for node in outcome.path[1:]]
-        sequence.request.proposer.observe(path_tokens)
-        emitted = sequence.emit([*path_tokens, outcome.bonus], stop_ids, config)
-        sequence.stats.record_step(len(tree) - 1, outcome.accepted, emitted, len(active), trees.width, outcome.relaxed)
-    finished_at = perf_counter()
-    for sequence in active:
-        sequence.stats.propose_s += proposed_at - start
-        sequence.stats.verify_s += finished_at - proposed_at
-        sequence.stats.forward_s += forwarded_at - proposed_at
+            sequence.sizer.observe(proposer.kind, tree, path, whole, outcome.bonus)
+        path_tokens = [tree.tokens[node] for node in path[1:]] if len(path) > 1 else []
+        proposer.observe(path_tokens)
+        path_tokens.append(outcome.bonus)
+        emitted = sequence.emit(path_tokens, stop_ids, config)
+        sequence.stats.record_step(len(tree) - 1, len(path) - 1, emitted, rows, width, outcome.relaxed)
 
 
 class RunningBatch:
@@ -247,6 +277,7 @@ class RunningBatch:
         self.separate_prefill = separate_prefill
         self.stop_ids = set(config.stop_token_ids if config.stop_token_ids is not None else target.stop_token_ids)
         self.sequences: dict[int, DecodeSequence] = {}  # by batch key
+        self.seconds = StepSeconds()
         self.state: TargetState | None = None
 
     def __len__(self) -> int:
@@ -260,6 +291,8 @@ class RunningBatch:
         for sequence in newcomers.values():
             sequence.request.proposer.start()
         joining = _prefill(self.target, newcomers, self.config, self.stop_ids, self.separate_prefill)
+        for sequence in newcomers.values():
+            sequence.joined = self.seconds.copy()
         self.sequences |= newcomers
         running = self.state is not None and self.state.rows
         self.state = self.target.join([self.state, joining]) if running else joining
@@ -267,7 +300,7 @@ class RunningBatch:
 
     def step(self) -> list[tuple[int, DecodeResult]]:
         """One tree forward over every row; the rows that ended leave, as (batch key, result)."""
-        _step(self.target, self.state, [self.sequences[row] for row in self.state.rows], self.config, self.stop_ids)
+        _step(self.target, self.state, [self.sequences[row] for row in self.state.rows], self.config, self.stop_ids, self.seconds)
         return self._finish()
 
     def _finish(self) -> list[tuple[int, DecodeResult]]:
@@ -289,6 +322,8 @@ class RunningBatch:
                 self.sequences[sequence.feeds].request.proposer.add_drafts([output])
         self.target.keep_rows(self.state, [i for i, row in enumerate(self.state.rows) if self.sequences[row].stop_reason is None])
         finished = [self.sequences.pop(row) for row in ended]
+        for sequence in finished:
+            sequence.stats.add_step_seconds(self.seconds, sequence.joined)
         return [(row, decode_result(self.target, s.tokens, s.stats, s.stop_reason)) for row, s in zip(ended, finished)]
 
 

@@ -8,7 +8,10 @@ target accepted (bonus excluded).
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,6 +56,13 @@ class DraftSink(Protocol):
     def add_drafts(self, drafts: Sequence[Sequence[int]]) -> None: ...
 
 
+@functools.lru_cache(maxsize=4096)
+def root_alone(root: int) -> TokenTree:
+    """The tree of a plain step: trees are immutable, so every plain row of every step shares one
+    per root token instead of building its own."""
+    return TokenTree((root,), (-1,))
+
+
 class NoDraftProposer:
     """Plain decoding: every step verifies the root alone."""
 
@@ -62,7 +72,7 @@ class NoDraftProposer:
         pass
 
     def propose(self, context: Sequence[int]) -> TokenTree:
-        return TokenTree.chain(context[-1], ())
+        return root_alone(context[-1])
 
     def observe(self, accepted: Sequence[int]) -> None:
         pass
@@ -70,18 +80,17 @@ class NoDraftProposer:
 
 def _matched_suffix(context: Sequence[int], draft: Sequence[int], end: int, limit: int) -> int:
     """How many tokens ending at context[-1] equal the draft tokens ending at draft[end]."""
-    length = 0
-    while length < limit and length <= end and length < len(context):
-        if context[-1 - length] != draft[end - length]:
-            break
-        length += 1
-    return length
+    most = min(limit, end + 1, len(context))
+    ours, theirs = context[len(context) - most :], draft[end + 1 - most : end + 1]
+    if ours == theirs:  # a whole match, compared in C: the occurrences the proposer follows
+        return most
+    return next(length for length in range(most) if ours[-1 - length] != theirs[-1 - length])
 
 
 Source = tuple[int, int] | None  # (draft, position) a proposed token was copied from
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a step builds one per matching occurrence, and a frozen one takes twice as long
 class Continuation:
     tokens: Sequence[int]
     score: int  # higher is proposed first (how much context the occurrence matched)
@@ -123,20 +132,50 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
 
     push_children(ranked, 0, 0)
     while frontier and len(tokens) <= budget:
-        _, _, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
+        if all(entry[1] == -1 for entry in frontier):
+            _take_in_turn(frontier, tokens, parents, sources, budget)
+            break
+        score, count, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
         best = sharing[0].source
         tokens.append(token)
         parents.append(parent_index)
         sources.append(None if best is None else (best[0], best[1] + depth - 1))
+        if count == -1 and (not frontier or frontier[0][:2] > (score, -1)):
+            # A lone continuation's next node would be pushed with this key and a larger serial
+            # than any waiting, so popped next, and so on down its tokens: take them at once.
+            rest = sharing[0].tokens[depth : depth + budget + 1 - len(tokens)]
+            first = len(tokens)
+            tokens.extend(rest)
+            parents.extend(range(first - 1, first - 1 + len(rest)))
+            sources.extend([None] * len(rest) if best is None else [(best[0], best[1] + d) for d in range(depth, depth + len(rest))])
+            depth += len(rest)
         push_children(sharing, depth, len(tokens) - 1)
     return TokenTree(tuple(tokens), tuple(parents), max((c.score for c in continuations), default=0)), sources
+
+
+def _take_in_turn(frontier: list, tokens: list[int], parents: list[int], sources: list[Source], budget: int) -> None:
+    """`build_trie`'s loop once every waiting node is a lone continuation's, without the heap: a
+    taken node's child waits with its key and a serial past every other, so the continuations of
+    one score are taken in turn (first in, first out) until they end, then the next score's."""
+    for _, group in itertools.groupby(sorted(frontier), key=lambda entry: entry[0]):
+        queue = deque((parent, through[0], depth) for _, _, _, parent, _, through, depth in group)
+        while queue and len(tokens) <= budget:
+            parent, item, depth = queue.popleft()
+            tokens.append(item.tokens[depth - 1])
+            parents.append(parent)
+            sources.append(None if item.source is None else (item.source[0], item.source[1] + depth - 1))
+            if depth < len(item.tokens):
+                queue.append((len(tokens) - 1, item, depth + 1))
 
 
 def _walk(tree: TokenTree, accepted: Sequence[int]) -> int:
     """The node reached by following `accepted` tokens down from the root."""
     node = 0
-    for token in accepted:
-        node = next(i for i in range(node + 1, len(tree)) if tree.parents[i] == node and tree.tokens[i] == token)
+    for token in accepted:  # the first later node with the token whose parent is the node (a chain's next)
+        child = tree.tokens.index(token, node + 1)
+        while tree.parents[child] != node:
+            child = tree.tokens.index(token, child + 1)
+        node = child
     return node
 
 

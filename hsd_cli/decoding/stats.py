@@ -70,6 +70,12 @@ class DecodeStats:
         self.relaxed += relaxed
         self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
 
+    def add_step_seconds(self, now: StepSeconds, joined: StepSeconds) -> None:
+        """The seconds of the batch's steps since the row joined (`joined`, then `now`)."""
+        self.propose_s += now.propose_s - joined.propose_s
+        self.verify_s += now.verify_s - joined.verify_s
+        self.forward_s += now.forward_s - joined.forward_s
+
     def as_dict(self) -> dict:
         return {
             "forwards": self.forwards,
@@ -85,3 +91,22 @@ class DecodeStats:
             "verify_s": round(self.verify_s, 4),
             "forward_s": round(self.forward_s, 4),
         }
+
+
+@dataclass
+class StepSeconds:
+    """A running batch's step seconds summed since it began. Every row reports the batch's time
+    for the steps it took part in: their growth between its joining and its leaving, taken once
+    as it leaves (`DecodeStats.add_step_seconds`), not added to every row at every step."""
+
+    propose_s: float = 0.0
+    verify_s: float = 0.0  # forward_s included, as in DecodeStats
+    forward_s: float = 0.0
+
+    def add(self, propose_s: float, verify_s: float, forward_s: float) -> None:
+        self.propose_s += propose_s
+        self.verify_s += verify_s
+        self.forward_s += forward_s
+
+    def copy(self) -> StepSeconds:
+        return StepSeconds(self.propose_s, self.verify_s, self.forward_s)

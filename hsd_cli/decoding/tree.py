@@ -8,6 +8,7 @@ children (parents[i] < i), which lets the layout be built in one forward sweep.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,8 +27,10 @@ class TokenTree:
     def __post_init__(self):
         if len(self.tokens) != len(self.parents) or not self.tokens:
             raise ValueError("a tree needs one parent per token and at least the root")
-        # Nodes past the root checked one by one only where there are some: every plain row's tree is a root alone.
-        if self.parents[0] != -1 or len(self.parents) > 1 and any(not 0 <= p < i for i, p in enumerate(self.parents) if i):
+        # Nodes past the root checked only where there are some (every plain row's tree is a root
+        # alone), in C (min, map): a proposer's tree is built every step of every row.
+        rest = self.parents[1:]
+        if self.parents[0] != -1 or rest and (min(rest) < 0 or not all(map(operator.lt, rest, range(1, len(self.parents))))):
             raise ValueError(f"parents must be -1 for the root and point backwards: {self.parents}")
 
     @classmethod
@@ -82,6 +85,25 @@ def positions(layout: TreeLayout, base: int) -> np.ndarray:
     return base + layout.depths
 
 
+# The shapes a step's forward is padded to where shapes are bucketed (`step_shape`): a device
+# that replays a captured graph per shape (CUDA graphs) then needs len(ROW_BUCKETS) x
+# len(WIDTH_BUCKETS) of them. Widths reach a trie's budget plus its root (41) and a chain's
+# `chain_max` plus its root (33); rows the most a worker keeps in flight.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+WIDTH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64)
+
+
+def bucket(size: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `size`; past the largest, the next multiple of the largest."""
+    fitting = next((b for b in buckets if b >= size), None)
+    return fitting if fitting is not None else -(-size // buckets[-1]) * buckets[-1]
+
+
+def step_shape(rows: int, widths: Sequence[int]) -> tuple[int, int]:
+    """The bucketed (rows, nodes per row) of a step whose rows' trees are `widths` nodes wide."""
+    return bucket(rows, ROW_BUCKETS), bucket(max(widths), WIDTH_BUCKETS)
+
+
 @dataclass(frozen=True)
 class TreeBatch:
     """Several trees padded to one width for a single forward pass."""
@@ -97,16 +119,17 @@ class TreeBatch:
         return self.tokens.shape[1]
 
 
-def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0) -> TreeBatch:
-    """Pad trees to the widest. A padding node sees only itself (no row of the mask is empty).
+def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0, width: int | None = None) -> TreeBatch:
+    """Pad trees to the widest, or to `width` nodes (no fewer than the widest: a step's bucketed
+    width, `step_shape`). A padding node sees only itself (no row of the mask is empty).
     Tokens and parents are laid out for all rows at once, so are chains (a plain step's root is
-    one): a step's Python work per row is its tokens' copy, and the ancestors of the nodes of a
-    row that branches."""
-    if len(trees) == 1:  # a document decoded alone: none of the batch's bookkeeping
+    one), and the masks of the rows that branch from their parents, a node column at a time over
+    them all (`branching_layout`): a step's Python work per row is its tokens' copy."""
+    if len(trees) == 1 and width in (None, len(trees[0])):  # a document decoded alone: none of the batch's bookkeeping
         return _one_tree_batch(trees[0])
     count = len(trees)
-    sizes = np.fromiter(map(len, trees), dtype=np.int64, count=count)
-    width = int(sizes.max())
+    sizes = np.fromiter([len(tree.tokens) for tree in trees], dtype=np.int64, count=count)
+    width = max(int(sizes.max()), width or 0)
     valid = np.arange(width) < sizes[:, None]
     nodes = int(sizes.sum())
     tokens = np.full((count, width), pad_token, dtype=np.int64)
@@ -120,11 +143,26 @@ def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0) -> TreeBatch:
     depths = np.where(valid, node, 0)
     branching = np.flatnonzero(((parents != node - 1) & valid).any(1))
     if branching.size:
-        block, block_valid = ancestors[branching], valid[branching]
-        block[block_valid] = bit_rows([bits for row in branching.tolist() for bits in ancestor_bits(trees[row].parents)], width)
-        ancestors[branching] = block
-        depths[branching] = np.where(block_valid, block.sum(-1) - 1, 0)
+        ancestors[branching], depths[branching] = branching_layout(parents[branching], valid[branching])
     return TreeBatch(*(torch.from_numpy(a) for a in (tokens, parents, depths, ancestors, valid)))
+
+
+def branching_layout(parents: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ancestor masks (B, K, K) and depths (B, K) of padded rows of trees, swept one node column
+    at a time over all rows (A[i] = A[parent[i]] | e_i: parents precede their children), so a
+    step's Python work grows with its width, not with its rows' nodes. Padding nodes see only
+    themselves, at depth 0."""
+    count, width = parents.shape
+    rows, node = np.arange(count), np.arange(width)
+    ancestors = np.zeros((count, width, width), dtype=bool)
+    ancestors[:, node, node] = True
+    depths = np.zeros((count, width), dtype=np.int64)
+    above = parents.clip(min=0)
+    for column in range(1, width):
+        inherited = ancestors[rows, above[:, column]] & valid[:, column, None]
+        ancestors[:, column] |= inherited
+        depths[:, column] = np.where(valid[:, column], depths[rows, above[:, column]] + 1, 0)
+    return ancestors, depths
 
 
 def _one_tree_batch(tree: TokenTree) -> TreeBatch:

@@ -45,7 +45,7 @@ class NearLossless:
     may_relax: Callable[[Sequence[int], int, int], bool]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one is built per row per step, and a frozen one takes twice as long
 class StepOutcome:
     path: list[int]  # accepted node indices from the root (node 0) down
     bonus: int  # the target's token at the last accepted node
@@ -164,6 +164,8 @@ def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> list[StepOutcome]:
     In numpy over the batch's (CPU) tensors: a small torch call costs several numpy ones, and
     the paths come back with one gather and one tolist each, not a tensor index per row.
     """
+    if trees.width == 1:  # a plain step: every row's root alone, its pick the bonus
+        return [StepOutcome([0], bonus) for bonus in picked[:, 0].tolist()]
     tokens, parents, depths, valid = trees.tokens.numpy(), trees.parents.numpy(), trees.depths.numpy(), trees.valid.numpy()
     ancestors, picks = trees.ancestors.numpy(), picked.numpy()
     matches = (tokens == np.take_along_axis(picks, parents.clip(min=0), 1)) & valid

@@ -55,6 +55,16 @@ class HostCost:
         return self.per_step + rows * (self.per_row + nodes * self.per_node)
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What bounds the rows a device holds: its memory, the model's weights, and the KV cache a
+    token takes, in the profile's dtype (serving.rows.device_rows budgets them)."""
+
+    device_bytes: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+
+
 def along(x: float, points: Sequence[tuple[float, float]]) -> float:
     """The price at `x` on a curve of (x, seconds) points, sorted: linear between points; past the
     last, along the last segment but never below the last point (more work never costs less, and
@@ -82,6 +92,7 @@ class Profile:
     forwards: tuple[ForwardCost, ...]
     prefills: tuple[PrefillCost, ...]
     host: HostCost = HostCost()  # a profile stored before host work was measured prices none
+    memory: DeviceMemory | None = None  # None: rows unbounded by memory (a CPU; a profile stored before)
 
     @cached_property
     def _forward_curves(self) -> dict[int, dict[int, list[tuple[int, float]]]]:
@@ -123,6 +134,7 @@ class Profile:
         return cls(**{
             **data, "forwards": tuple(ForwardCost(**f) for f in data["forwards"]),
             "prefills": tuple(PrefillCost(**p) for p in data["prefills"]), "host": HostCost(**data.get("host", {})),
+            "memory": DeviceMemory(**data["memory"]) if data.get("memory") else None,
         })
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile
+from hsd_cli.profiles import DeviceMemory, ForwardCost, HostCost, PrefillCost, Profile
 
 # Continuous batching holds hundreds of rows on a GPU, and the load sizer prices every width.
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -17,10 +17,11 @@ CONTEXTS = (512, 2048, 4096, 8192)
 IMAGE_SIDES = (224, 448, 896, 1344, 1792, 2240)
 # The host work of hsd's loop around a forward (Python: proposing, the tree batch, reading the path
 # back; the cache edits and the argmax are device work on a GPU), as `hsd profile` measured it
-# around a tiny model's forwards on this project's CPU, one thread, the median of three runs after
-# the per-row work was cut (docs/BENCHMARKS.md, "Host work and the cost of a step"): the CPU that drives a
-# GPU runs the same Python.
-LOOP_HOST = HostCost(per_step=0.00052, per_row=0.000014, per_node=0.000004)
+# around a tiny model's forwards on this project's CPU, one thread: per coefficient the median of
+# three fits after a step's work was laid out per batch (docs/BENCHMARKS.md, "Host work and the
+# cost of a step"; the fits of the code before it, the same day, gave 0.50 ms, 15 us and 3.2 us,
+# as the figures this replaced): the CPU that drives a GPU runs the same Python.
+LOOP_HOST = HostCost(per_step=0.00039, per_row=0.0000059, per_node=0.0000037)
 
 
 @dataclass(frozen=True)
@@ -31,15 +32,19 @@ class DeviceSpec:
     memory_bandwidth: float  # bytes/s
     peak_flops: float  # dense FLOP/s in `dtype`
     dtype: str
+    memory_bytes: int | None = None  # what the rows' caches share with the weights; None: unbounded
     bandwidth_efficiency: float = 0.8
     flops_efficiency: float = 0.6
     forward_overhead_s: float = 0.004  # kernel launches and Python per forward (no CUDA graphs)
 
 
+GIB = 1 << 30
 DEVICES = {
-    "h100-bf16": DeviceSpec("NVIDIA H100 SXM", 3.35e12, 989e12, "bfloat16"),
-    "a100-bf16": DeviceSpec("NVIDIA A100 SXM 80GB", 2.039e12, 312e12, "bfloat16"),
-    "l4-bf16": DeviceSpec("NVIDIA L4", 300e9, 121e12, "bfloat16"),
+    "h100-bf16": DeviceSpec("NVIDIA H100 SXM", 3.35e12, 989e12, "bfloat16", 80 * GIB),
+    # The H100's compute with more and faster memory (HBM3e): 141 GB at 4.8 TB/s.
+    "h200-bf16": DeviceSpec("NVIDIA H200 SXM", 4.8e12, 989e12, "bfloat16", 141 * GIB),
+    "a100-bf16": DeviceSpec("NVIDIA A100 SXM 80GB", 2.039e12, 312e12, "bfloat16", 80 * GIB),
+    "l4-bf16": DeviceSpec("NVIDIA L4", 300e9, 121e12, "bfloat16", 24 * GIB),
 }
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The analytic model fed with what this machine's CPU measures (not published figures): to check
@@ -151,5 +156,12 @@ def analytic_profile(device_name: str, architecture: str, config: dict[str, Any]
     prefills = tuple(PrefillCost(side, *analytic_prefill_s(shape, device, side)) for side in IMAGE_SIDES)
     return Profile(
         name=f"{architecture}-{device_name}", model=architecture, device=device.name, dtype=device.dtype,
-        kind="analytic", forwards=forwards, prefills=prefills, host=LOOP_HOST,
+        kind="analytic", forwards=forwards, prefills=prefills, host=LOOP_HOST, memory=device_memory(shape, device),
     )
+
+
+def device_memory(shape: ModelShape, device: DeviceSpec) -> DeviceMemory | None:
+    width = _DTYPE_BYTES[device.dtype]
+    if device.memory_bytes is None:
+        return None
+    return DeviceMemory(device.memory_bytes, (shape.text_params + shape.vision_params) * width, shape.kv_bytes_per_token * width)

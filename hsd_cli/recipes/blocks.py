@@ -16,7 +16,7 @@ import math
 
 from PIL import Image
 
-from hsd_cli.recipes.recipe import LayoutStep, ProcessorLimits, TwoStep
+from hsd_cli.recipes.recipe import Decoding, LayoutStep, NgramBan, ProcessorLimits, TwoStep
 from hsd_cli.recipes.sizes import smart_resize
 from hsd_cli.records.kinds import BlockKind
 
@@ -28,8 +28,17 @@ PP_DOCLAYOUT_LABELS = (
     (BlockKind.CODE, "algorithm"), (BlockKind.PAGE_HEADER, "header"), (BlockKind.PAGE_FOOTER, "footer"),
 )
 
+# mineru_client.MinerUSamplingParams: greedy (temperature 0, top-k 1), no-repeat-n-gram 100 over the
+# answer (vllm_v1_no_repeat_ngram), per step the penalties of DEFAULT_SAMPLING_PARAMS; no budget of
+# its own (hsd's applies).
+MINERU_NGRAM = NgramBan(n=100, window=0, allowed=())
+MINERU_LAYOUT_DECODING = Decoding(max_new_tokens=4096, stop=("<|im_end|>", "<|endoftext|>"), ngram_ban=MINERU_NGRAM)
+MINERU_TEXT_DECODING = Decoding(
+    max_new_tokens=4096, stop=("<|im_end|>", "<|endoftext|>"), presence_penalty=1.0, frequency_penalty=0.05, ngram_ban=MINERU_NGRAM,
+)
+
 MINERU_2_5 = TwoStep(
-    layout=LayoutStep(finder="vlm", prompt="\nLayout Detection:", image_px=(1036, 1036)),
+    layout=LayoutStep(finder="vlm", prompt="\nLayout Detection:", image_px=(1036, 1036), decoding=MINERU_LAYOUT_DECODING),
     labels=(
         (BlockKind.TITLE, "title"), (BlockKind.SECTION_HEADER, "title"), (BlockKind.TEXT, "text"),
         (BlockKind.LIST, "text"), (BlockKind.TABLE, "table"), (BlockKind.FORMULA, "equation"),
@@ -45,7 +54,10 @@ MINERU_2_5 = TwoStep(
     crop_limits=None,
     table_format="otsl",
     join="\n\n",
-    source="mineru-vl-utils 0.1.22: mineru_client.py (DEFAULT_PROMPTS, MinerUClientHelper.prepare_for_layout, "
+    decodings=(("table", Decoding(
+        max_new_tokens=4096, stop=MINERU_TEXT_DECODING.stop, presence_penalty=1.0, frequency_penalty=0.005, ngram_ban=MINERU_NGRAM,
+    )),),
+    source="mineru-vl-utils 0.1.22: mineru_client.py (DEFAULT_PROMPTS, DEFAULT_SAMPLING_PARAMS, MinerUClientHelper.prepare_for_layout, "
     "parse_layout_output, prepare_for_extract, resize_by_need); post_process/__init__.py; mineru 2.5.4: "
     "backend/vlm/vlm_magic_model.py (discarded blocks), vlm_middle_json_mkcontent.py",
 )

@@ -248,10 +248,8 @@ MINERU_2_5 = Recipe(
     processor=None,
     # The system turn mineru_vl_utils sends (DEFAULT_SYSTEM_PROMPT), the image first.
     prompt=Prompt(text="\nText Recognition:", order=("image", "text"), system="You are a helpful assistant."),
-    # MinerUSamplingParams: greedy (temperature 0, top-k 1), no budget of its own (hsd's applies).
-    # Its presence/frequency penalties (1.0 and 0.05, tables 0.005) and no-repeat-n-gram 100 are
-    # not rules the decoding core has yet: blocks decode greedily without them.
-    decoding=Decoding(max_new_tokens=4096, stop=QWEN_STOPS, temperature=0.0),
+    # MinerUSamplingParams for text and equations (tables and the layout step: blocks.MINERU_2_5).
+    decoding=blocks.MINERU_TEXT_DECODING,
     retry=NO_RETRY,
     output=Output(postprocess="plain", fallback="draft", page_join="\n\n"),
     two_step=blocks.MINERU_2_5,

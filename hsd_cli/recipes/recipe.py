@@ -118,6 +118,8 @@ class Decoding:
     top_p: float = 1.0
     top_k: int | None = None
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # vLLM's, over the answer's tokens (MinerU2.5)
+    frequency_penalty: float = 0.0
     ngram_ban: NgramBan | None = None
     skip_special_tokens: bool = True  # False: the answer keeps its special tokens (DeepSeek's EOS)
 
@@ -161,6 +163,7 @@ class LayoutStep:
     image_px: tuple[int, int] | None = None  # the page squashed to this size for it ("vlm")
     model_ids: tuple[str, ...] = ()  # the layout model's hub ids
     threshold: float | None = None  # the layout model's score threshold
+    decoding: Decoding | None = None  # how the model decodes its layout answer ("vlm"); None: as the recipe
 
 
 @dataclass(frozen=True)
@@ -176,12 +179,19 @@ class TwoStep:
     table_format: str  # what a table is read as: "otsl" (converted to HTML) or "html"
     join: str  # between the blocks' texts on a page
     source: str = ""
+    # The maker's label -> how its blocks decode, where that differs from the recipe's decoding
+    # (MinerU2.5's tables take other penalties).
+    decodings: tuple[tuple[str, Decoding], ...] = ()
 
     def label(self, kind: BlockKind) -> str:
         return dict(self.labels)[kind]
 
     def prompt(self, label: str) -> str:
         return dict(self.prompts).get(label, self.default_prompt)
+
+    def decoding(self, label: str) -> Decoding | None:
+        """How a block of this label decodes; None: as the recipe decodes."""
+        return dict(self.decodings).get(label)
 
     def reads(self, label: str) -> bool:
         """Whether a block of this label is read at all (not skipped, not dropped)."""

@@ -85,7 +85,7 @@ def build_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of initialisation and batch order.")] = 0,
     minutes: Annotated[
         float | None,
-        typer.Option("--minutes", help="Training time limit over all resumed runs (default 120; a preset's: its recipe's)."),
+        typer.Option("--minutes", help="Training time limit over all resumed runs (default: none with --steps or a preset, whose steps budget the build; else 120)."),
     ] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Training step limit.")] = None,
     learning_rate: Annotated[
@@ -137,7 +137,7 @@ def build_command(
 ) -> None:
     """Train a replay model on pages and their published outputs (~1-2 h for ~25 pages; a --preset's
     fast recipe takes minutes: docs/BENCHMARKS.md)."""
-    from hsd_cli.replay.build import BuildRequest, build
+    from hsd_cli.replay.build import BuildRequest, build, shortfall
     from hsd_cli.replay.dataset import ReplayInputError
     from hsd_cli.replay.model import TINY_SHAPE, ReplayShape
     from hsd_cli.replay.presets import (
@@ -174,15 +174,16 @@ def build_command(
         if not path.is_dir():
             _fail(f"{label} {path}: not a directory")
     # Options given win over the preset's recipe, which wins over the defaults.
-    minutes = minutes if minutes is not None else recipe.minutes if recipe else 120.0
     steps = steps if steps is not None else recipe.steps if recipe else None
+    if minutes is None:
+        minutes = recipe.minutes if recipe else None if steps is not None else 120.0
     if learning_rate is None:
         learning_rate = recipe.learning_rate if recipe else TrainConfig.learning_rate
     if opening_steps is None:
         opening_steps = recipe.opening_steps if recipe else TrainConfig.opening_steps
     if shape not in ("default", "tiny"):
         _fail(f"--shape must be default or tiny, got {shape}")
-    if minutes <= 0 or (steps is not None and steps <= 0) or learning_rate <= 0:
+    if (minutes is not None and minutes <= 0) or (steps is not None and steps <= 0) or learning_rate <= 0:
         _fail("--minutes, --steps and --learning-rate must be positive")
     if opening_steps < 0:
         _fail(f"--opening-steps must be 0 or more, got {opening_steps}")
@@ -234,16 +235,16 @@ def build_command(
         f"done, whole build {record['build_seconds'] / 60:.1f} min: page accuracy {scores.get('page_char_accuracy')}, "
         f"crop accuracy {scores.get('crop_char_accuracy')}; card: {model_dir / 'README.md'}", markup=False,
     )
-    training = record["training"]
-    if training["stop_reason"] != "done":
-        _stderr.print(
-            f"stopped at the --{training['stop_reason']} limit with {training['exact_examples']} of "
-            f"{training['examples']} examples reproduced: give --resume and a larger limit to train on",
-            markup=False,
-        )
     if json_output:
         summary = {k: record[k] for k in ("name", "parameters", "training", "build_seconds", "eval") if k in record}
-        sys.stdout.write(json.dumps({"model_dir": str(model_dir), **summary}) + "\n")
+        sys.stdout.write(json.dumps({"model_dir": str(model_dir), **summary, "short": shortfall(record)}) + "\n")
+    short = shortfall(record)
+    if short is not None:
+        # Exit 1 (the run finished, its product failed): a script must not bench a model that
+        # cannot reproduce its pages.
+        _stderr.print(f"error: replay model {name} ended short of its target: {short}; "
+                      f"give --resume and a larger --steps to train on", markup=False)
+        raise typer.Exit(1)
 
 
 @replay_app.command("eval")

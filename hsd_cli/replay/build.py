@@ -115,6 +115,20 @@ def _encoded(processor, model_dir: Path, examples: list[Example]) -> tuple[list[
     return dense, vocabulary
 
 
+def shortfall(record: dict) -> str | None:
+    """How a finished build falls short of its target, on one line (None: it reached it). The
+    target: every example reproduced by greedy decoding (training's "done": each answer token the
+    argmax by the done margin), and, where the build evaluated, every page and crop decoded exactly."""
+    training = record["training"]
+    if training["stop_reason"] != "done":
+        return (f"{training['exact_examples']} of {training['examples']} examples reproduced when its "
+                f"{training['stop_reason']} budget ran out")
+    scores = record.get("eval", {})
+    short = [f"{kind} accuracy {scores[key]}" for kind, key in (("page", "page_char_accuracy"), ("crop", "crop_char_accuracy"))
+             if scores.get(key) is not None and scores[key] < 1.0]
+    return f"greedy decoding reached {' and '.join(short)}" if short else None
+
+
 def build(request: BuildRequest, log=lambda message: None) -> dict:
     """Build (or with `resume`, continue) a replay model; returns its replay.json record."""
     from transformers.utils import logging as hf_logging

@@ -356,7 +356,7 @@ def train(
             if config.max_steps is not None and step >= config.max_steps:
                 stop_reason = "steps"
                 break
-            if time.perf_counter() - started >= config.max_minutes * 60:
+            if config.max_minutes is not None and time.perf_counter() - started >= config.max_minutes * 60:
                 stop_reason = "minutes"
                 break
             if time.perf_counter() - last_saved >= config.checkpoint_minutes * 60:

@@ -46,7 +46,9 @@ class TrainConfig:
     # min_learning_rate: a noisy loss that keeps setting new bests never trips the plateau rule,
     # and exact recall needs small steps at the end. A resume with a larger budget moves the phase.
     anneal_fraction: float = 0.3
-    max_minutes: float = 120.0  # training time over all resumed runs
+    # Training time over all resumed runs; None: none (a step budget trains the same model however
+    # loaded the machine is, where a minute budget stopped a build short on a shared one).
+    max_minutes: float | None = 120.0
     max_steps: int | None = None
     checkpoint_minutes: float = 5.0
     # Done when every answer token is the argmax by at least this logit margin: greedy decoding

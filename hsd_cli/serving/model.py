@@ -23,7 +23,7 @@ from hsd_cli.decoding.proposer import Proposer
 from hsd_cli.models.family_settings import ModelSettings, settings_for
 from hsd_cli.profiles import load_profile, square_side
 from hsd_cli.recipes.messages import image_first
-from hsd_cli.recipes.recipe import Recipe
+from hsd_cli.recipes.recipe import Decoding, Recipe
 from hsd_cli.recipes.retry import attempt_temperature, attempt_top_p
 from hsd_cli.recipes.registry import is_family_default, recipe_named
 from hsd_cli.records.kinds import ReaderNote
@@ -113,6 +113,9 @@ class VlmModel:
     def attempt_sampling(self, attempt: int) -> SamplingConfig:
         return attempt_sampling(self.recipe, self.config, self.decode_config.sampling, attempt)
 
+    def logits_rules(self, decoding: Decoding) -> LogitsRules:
+        return decoding_rules(decoding, self.target.tokenizer)
+
     def decode_batch(
         self, requests: Sequence[DecodeRequest], *, separate_prefill: bool = False, sizer: LoadSizer | None = None,
     ) -> list[DecodeResult]:
@@ -187,24 +190,31 @@ def _stop_ids(target, recipe: Recipe) -> list[int]:
     return list(dict.fromkeys([*target.stop_token_ids, *known]))
 
 
-def recipe_decode_config(recipe: Recipe, config: ModelConfig, tokenizer) -> DecodeConfig:
-    """How the recipe's makers decode, as the decoding core takes it: their logits rules (applied
-    along each tree node's own path, losslessly) and their sampling through the keyed sampler
-    (greedy where --greedy says so, or the makers sample at temperature 0)."""
-    decoding = recipe.decoding
+def decoding_rules(decoding: Decoding, tokenizer) -> LogitsRules:
+    """A recipe's decoding rules as the decoding core applies them (along each tree node's own
+    path, losslessly)."""
     ban = decoding.ngram_ban
-    rules = LogitsRules(
+    return LogitsRules(
         repetition_penalty=decoding.repetition_penalty,
+        presence_penalty=decoding.presence_penalty,
+        frequency_penalty=decoding.frequency_penalty,
         no_repeat_ngram=ban.n if ban else 0,
         ngram_window=ban.window if ban else 0,
         ngram_allowed=tuple(tokenizer.convert_tokens_to_ids(token) for token in ban.allowed) if ban else (),
         ngram_over_prompt=False,  # the makers' vLLM processors ban n-grams of the output (DeepSeek, MinerU)
     )
+
+
+def recipe_decode_config(recipe: Recipe, config: ModelConfig, tokenizer) -> DecodeConfig:
+    """How the recipe's makers decode, as the decoding core takes it: their logits rules and their
+    sampling through the keyed sampler (greedy where --greedy says so, or the makers sample at
+    temperature 0)."""
+    decoding = recipe.decoding
     sampled = decoding.temperature > 0 and not config.greedy
     sampling = SamplingConfig(
         temperature=decoding.temperature, top_k=decoding.top_k or 0, top_p=decoding.top_p, seed=config.seed,
     ) if sampled else SamplingConfig()
-    return DecodeConfig(max_new_tokens=config.max_new_tokens, sampling=sampling, rules=rules)
+    return DecodeConfig(max_new_tokens=config.max_new_tokens, sampling=sampling, rules=decoding_rules(decoding, tokenizer))
 
 
 @cache

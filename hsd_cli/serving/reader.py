@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hsd_cli.decoding import DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, NearLossless, SamplingConfig
+    from hsd_cli.decoding import (
+        DecodeConfig, DecodeRequest, DecodeResult, DecodeStats, LoadSizer, LogitsRules, NearLossless, SamplingConfig,
+    )
     from hsd_cli.decoding.proposer import Proposer
     from hsd_cli.decoding.repetition import RepetitionAllowance
     from hsd_cli.models.family_settings import ModelSettings
     from hsd_cli.profiles import Profile
-    from hsd_cli.recipes.recipe import Recipe, Render
+    from hsd_cli.recipes.recipe import Decoding, Recipe, Render
     from hsd_cli.records.kinds import ReaderNote
 
 
@@ -58,6 +60,10 @@ class Reader(Protocol):
 
     def attempt_sampling(self, attempt: int) -> SamplingConfig:
         """The sampling attempt `attempt` decodes with (greedy: its answer is any greedy attempt's)."""
+
+    def logits_rules(self, decoding: Decoding) -> LogitsRules:
+        """A recipe's decoding rules in this model's token ids (a request's own, where one kind of
+        read decodes by other rules than the recipe's: a two-step model's tables)."""
 
     def decode(
         self, picture: Image.Image, prompt: str, drafts: Sequence[str], near_lossless: NearLossless | None = None,

@@ -26,7 +26,7 @@ from hsd_cli.recipes.block_text import block_text, page_markdown
 from hsd_cli.recipes.blocks import block_picture, grid_box
 from hsd_cli.recipes.mineru_layout import LayoutBlock, draft_layout, layout_text, parse_layout
 from hsd_cli.recipes.otsl import html_to_otsl
-from hsd_cli.recipes.recipe import TwoStep
+from hsd_cli.recipes.recipe import Decoding, TwoStep
 from hsd_cli.records.blocks import BlockReading
 from hsd_cli.records.kinds import Block, BlockKind
 from hsd_cli.records.page import Page, Reading
@@ -50,6 +50,7 @@ class BlockToRead:
     prompt: str
     drafts: tuple[str, ...]
     drafted_by: tuple[str, ...]
+    decoding: Decoding | None = None  # its makers' decoding for its label (None: the recipe's)
 
 
 def answer_drafts(block: Block, two_step: TwoStep, settings: ModelSettings) -> list[str]:
@@ -100,20 +101,22 @@ def blocks_to_read(page: Page, layout: Sequence[LayoutBlock], two_step: TwoStep,
         drafting = [block for block in page.blocks if block.text and inside(block, found.grid, page.size_pt)]
         drafts = tuple(draft for block in drafting for draft in answer_drafts(block, two_step, settings) if draft)
         chosen.append(BlockToRead(found.label, found.grid, found.angle or 0, crop, two_step.prompt(found.label), drafts,
-                                  tuple(block.id for block in drafting)))
+                                  tuple(block.id for block in drafting), two_step.decoding(found.label)))
     return chosen
 
 
-def _request(model: Reader, picture: Image.Image, prompt: str, drafts: Sequence[str]) -> DecodeRequest:
+def _request(model: Reader, picture: Image.Image, prompt: str, drafts: Sequence[str], decoding: Decoding | None) -> DecodeRequest:
+    """A read of a crop (or the squashed page) by its `decoding`'s rules (None: the recipe's)."""
     return DecodeRequest(picture, prompt, model.proposer(drafts), allowance=model.allowance(drafts),
-                         near_lossless=near_lossless_rule(model))
+                         near_lossless=near_lossless_rule(model), rules=model.logits_rules(decoding) if decoding else None)
 
 
 def layout_step(model: Reader, page: Page, two_step: TwoStep) -> DecodeResult:
     """MinerU's first step: the model writes the page's layout, drafted by hsd's draft layout."""
     squashed = page.model_view.convert("RGB").resize(two_step.layout.image_px, Image.Resampling.BICUBIC)
     draft = layout_text(page.blocks, page.size_pt, two_step)
-    [result] = model.decode_batch([_request(model, squashed, two_step.layout.prompt, [draft] if draft else [])])
+    drafts = [draft] if draft else []
+    [result] = model.decode_batch([_request(model, squashed, two_step.layout.prompt, drafts, two_step.layout.decoding)])
     return result
 
 
@@ -138,7 +141,7 @@ def read_blocks(model: Reader, to_read: Sequence[BlockToRead]) -> list[DecodeRes
     if not to_read:
         return []
     largest = max((block.picture for block in to_read), key=lambda picture: max(picture.size))
-    requests = [_request(model, block.picture, block.prompt, block.drafts) for block in to_read]
+    requests = [_request(model, block.picture, block.prompt, block.drafts, block.decoding) for block in to_read]
     return model.decode_batch(requests, sizer=model.sizer(largest))
 
 

@@ -3,15 +3,19 @@ does; projected seconds are the profile's prices of the steps the loop takes."""
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pymupdf
 import pytest
 from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
-from hsd_cli.bench.corpus_projection import FILL, ProjectedRun, projected_arms, projected_json, projected_seconds, read_sizers
-from hsd_cli.bench.throughput import ArmRun, streamed
+from hsd_cli.bench.corpus_projection import (
+    FILL, ProjectedRun, feasible_rows, memory_rows, projected_arms, projected_json, projected_seconds, read_sizers, summed,
+)
+from hsd_cli.bench.throughput_runs import (
+    ArmRun, RowSearch, cycled, interleaved, median_summary, paired_ratio, searched_runs, streamed,
+)
 from hsd_cli.config import Sizing
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, DecodeResult
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
@@ -144,14 +148,25 @@ def test_bench_throughput_reports_every_arm_identical_to_generate_per_kind(tiny_
         for arm, figures in entry["arms"].items():
             assert figures["identical_share"] == 1.0, (kind, arm)
             assert figures["pages_per_s"] > 0 and figures["projected"]["pages_per_s"] > 0
-        assert set(entry["by_rows"]) == {"1", "2"} and set(entry["by_rows"]["2"]) == {"plain-cb", "hsd-cb"}
+            assert len(figures["pages_per_s_repeats"]) == 3 and figures["spread"] >= 0, "three repeats, their median"
+            assert figures["pages_per_s"] == sorted(figures["pages_per_s_repeats"])[1]
+            assert figures["draft_cores"] == pytest.approx(entry["draft_cpu_s_per_page"] * figures["pages_per_s"], abs=0.01)
+            assert figures["projected"]["draft_cores"] > 0
+        assert set(entry["by_rows"]) == {"1", "2"} and set(entry["by_rows"]["2"]) == {"plain-cb", "hsd-cb", "hsd-cb / plain-cb"}
+        assert entry["by_rows"]["2"]["hsd-cb / plain-cb"]["median"] > 0
         assert entry["by_rows"]["2"]["plain-cb"]["node_fill"] == 1.0 and 0 < entry["by_rows"]["2"]["hsd-cb"]["node_fill"] <= 1
         assert entry["by_rows"]["1"]["generate"]["node_fill"] is None
         assert set(entry["projected_by_rows"]) == {"1", "4"}
+        assert entry["best_against_best"] > 0 and entry["rows_stopped"] in ("the row counts given", None)
+    # Two pages of each kind, cycled at 2 rows to FILL x 2 reads; one read each at one row.
+    assert report["kinds"]["born_digital"]["by_rows"]["2"]["plain-cb"]["pages_per_s"] > 0
+    assert report["kinds"]["born_digital"]["arms"]["generate"]["pages_read"] == 2
+    plain = report["kinds"]["born_digital"]["arms"]["plain-cb"]
+    assert plain["pages_read"] == (FILL * 2 if plain["best_rows"] == 2 else 2)
     pages = sum(pymupdf.open(path).page_count for path in inputs.iterdir())
     assert report["sized"] and report["plain_graph_saving_s"] == 0.003 and report["pages"] == pages
-    assert report["sizing"] == "page"
-    assert report["draft_cpu_s_per_page"] > 0 and report["draft_cores_per_device"]["projected"] > 0
+    assert report["sizing"] == "page" and report["repeats"] == 3
+    assert report["draft_cpu_s_per_page"] > 0
 
 
 def test_node_fill_is_the_share_of_a_forwards_node_slots_that_hold_a_tree_node():
@@ -178,7 +193,97 @@ def test_node_fill_is_the_share_of_a_forwards_node_slots_that_hold_a_tree_node()
     assert (by_hand.nodes, by_hand.slots) == (8 + 3, 8 + 9) and by_hand.summary(None)["node_fill"] == round(11 / 17, 4)
 
 
-@pytest.mark.parametrize("rows", ["0", "1,x", ""])
+@pytest.mark.parametrize("rows", ["0", "1,x", "", "automatic"])
 def test_bench_throughput_refuses_bad_row_counts_in_one_line(rows, tmp_path):
     result = CliRunner().invoke(bench_app, ["throughput", str(tmp_path), "--model", "m", "--rows", rows])
     assert result.exit_code == 2 and "--rows" in result.output
+
+
+def timed_run(seconds, pages=1):
+    run = ArmRun(seconds=seconds)
+    for index in range(pages):
+        run.add_tokens(f"p{index}", [1, 2], 0.0)
+    return run
+
+
+def test_a_batched_arm_reads_the_pages_cycled_to_fill_times_its_rows():
+    assert cycled(["a", "b"], 1) == ["a", "b"]
+    assert cycled(["a", "b"], 4) == ["a", "b"] * (FILL * 2)
+    assert cycled(list("abcdefghijklm"), 2) == list("abcdefghijklm"), "enough pages: each once"
+
+
+def test_the_arms_run_interleaved_each_repeat_in_a_rotated_order_generate_first():
+    order = []
+    runs = {}
+    interleaved(lambda arm, rows: order.append((arm, rows)) or timed_run(1.0), 1, 3, runs)
+    assert order == [(arm, 1) for arm in ("generate", "hsd-1", "plain-cb", "hsd-cb", "hsd-1", "plain-cb", "hsd-cb",
+                                          "generate", "plain-cb", "hsd-cb", "generate", "hsd-1")]
+    assert {arm: {r: len(repeats) for r, repeats in by.items()} for arm, by in runs.items()} == {
+        arm: {1: 3} for arm in ("generate", "hsd-1", "plain-cb", "hsd-cb")}
+    order.clear()
+    interleaved(lambda arm, rows: order.append(arm) or timed_run(1.0), 8, 2, runs)
+    assert order == ["plain-cb", "hsd-cb", "hsd-cb", "plain-cb"], "above one row only the batched arms"
+
+
+def plain_rate_until(flat_from, memory_at=None):
+    """A run_arm whose plain engine reads 1 page/s x rows up to `flat_from` rows, then no faster."""
+    def run_arm(arm, rows):
+        if memory_at is not None and rows >= memory_at:
+            raise MemoryError("out of memory")
+        return timed_run(1.0 / min(rows, flat_from))
+    return run_arm
+
+
+def test_rows_rise_until_the_plain_engine_stops_gaining():
+    measured = searched_runs(plain_rate_until(4), RowSearch(max_rows=256), 3, lambda line: None)
+    assert sorted(measured.runs["plain-cb"]) == [1, 2, 4, 8], "8 rows gained nothing over 4: the search stops there"
+    assert measured.stopped == "plain-cb gained less than 5% from 4 to 8 rows"
+    capped = searched_runs(plain_rate_until(1000), RowSearch(max_rows=16), 1, lambda line: None)
+    assert sorted(capped.runs["plain-cb"]) == [1, 2, 4, 8, 16] and capped.stopped == "reached 16 rows"
+    given = searched_runs(plain_rate_until(1), RowSearch(given=(1, 3)), 1, lambda line: None)
+    assert sorted(given.runs["plain-cb"]) == [1, 3] and given.stopped == "the row counts given"
+
+
+def test_rows_stop_rising_where_memory_runs_out_and_that_count_is_dropped():
+    measured = searched_runs(plain_rate_until(1000, memory_at=8), RowSearch(), 1, lambda line: None)
+    assert sorted(measured.runs["plain-cb"]) == [1, 2, 4] and measured.stopped == "out of memory at 8 rows"
+    with pytest.raises(ValueError):
+        searched_runs(lambda arm, rows: (_ for _ in ()).throw(ValueError("a bug")), RowSearch(), 1, lambda line: None)
+
+
+def test_figures_are_medians_over_the_repeats_with_their_spread_and_ratios_paired_by_repeat():
+    plain = [timed_run(seconds, pages=2) for seconds in (1.0, 2.0, 4.0)]  # 2, 1, 0.5 pages/s
+    hsd = [timed_run(seconds, pages=2) for seconds in (0.5, 1.0, 2.0)]  # twice as fast in every repeat
+    summary = median_summary(plain, plain[0])
+    assert summary["pages_per_s"] == 1.0 and summary["pages_per_s_repeats"] == [2.0, 1.0, 0.5]
+    assert summary["spread"] == 1.5 and summary["identical_share"] == 1.0
+    assert paired_ratio(hsd, plain) == {"median": 2.0, "spread": 0.0}, "the drift cancels repeat by repeat"
+
+
+def test_a_page_read_to_other_tokens_on_a_later_cycle_is_not_identical():
+    run = timed_run(1.0, pages=2)
+    run.add_tokens("p0", [1, 3], 0.0)
+    assert run.summary(None)["identical_share"] == 0.5
+
+
+def test_the_projection_prices_only_the_rows_the_devices_memory_holds_at_the_pages_context():
+    from hsd_cli.profiles import DeviceMemory
+    from hsd_cli.serving.rows import GIB, device_rows
+
+    # 10 GiB beside 1 GiB of weights; a row's cache at a page's context (its prompt and its output).
+    memory = DeviceMemory(device_bytes=10 * GIB, weight_bytes=GIB, kv_bytes_per_token=32 << 20)
+    profile = replace(flat_profile("analytic"), memory=memory)
+    context = sum(profile.prefill_tokens(page.side) + len(ANSWERS[page.id]) for page in PAGES) / len(PAGES)
+    held = memory_rows(profile, PAGES, ANSWERS)
+    assert held == device_rows(10 * GIB, GIB, round(context * (32 << 20))) and 2 < held < 8
+    assert memory_rows(flat_profile("analytic"), PAGES, ANSWERS) is None, "no memory in the profile: unbounded"
+    config = DecodeConfig(max_new_tokens=64, repetition_guard=False)
+    arms = projected_arms(PAGES, ANSWERS, SpaceTokenizer(), [STOP], profile, "tokens", config, (1, 2, held, held + 1, 448), 0.0)
+    assert set(arms["plain-cb"]) == set(arms["hsd-cb"]) == {1, 2, held}, "rows past the memory are not priced"
+    assert feasible_rows((1, 8), 0) == (1,), "a model that fits no row is priced alone"
+
+
+def test_the_kinds_summed_at_the_rows_every_kind_held():
+    runs = [{"plain-cb": {1: ProjectedRun(1, 1.0, 0.5), 8: ProjectedRun(8, 2.0, 1.0)}},
+            {"plain-cb": {1: ProjectedRun(2, 1.0, 0.5)}}]
+    assert summed(runs) == {"plain-cb": {1: ProjectedRun(3, 2.0, 1.0)}}

@@ -249,6 +249,22 @@ def test_batched_rows_each_read_their_own_prompt_and_output(tiny_target, make_im
     assert [r.tokens for r in results] == references
 
 
+def test_rows_of_one_batch_each_decode_by_their_requests_rules(tiny_target, page_image):
+    """A two-step model's blocks of different kinds share forwards, each by its makers' rules for
+    its kind (and one by the batch's): every row is `generate` with its own rules."""
+    makers = makers_rules(tiny_target)
+    per_row = [makers["mineru_penalties"], makers["mineru_ngram"], None]
+    batch_rules = makers["glm_repetition"]
+    config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False, rules=batch_rules)
+    with looping(tiny_target, 10.0) as target:
+        references = [target.generate_plainly(page_image, PROMPT, LENGTH, rules=rules or batch_rules) for rules in per_row]
+        assert len({tuple(reference) for reference in references}) == 3, "each rule changes the output"
+        requests = [DecodeRequest(page_image, PROMPT, DraftProposer([edit(reference, i, substitute=0.05)]), rules=rules)
+                    for i, (reference, rules) in enumerate(zip(references, per_row))]
+        results = decode_batch(target, requests, config)
+    assert [result.tokens for result in results] == references
+
+
 @pytest.mark.parametrize("rule", [None, "mineru_penalties", "deepseek_ngram"])
 def test_seeded_sampling_with_a_rule_equals_plain_sampling(tiny_target, page_image, rule):
     rules = makers_rules(tiny_target)[rule] if rule else LogitsRules()
@@ -265,9 +281,9 @@ def test_seeded_sampling_with_a_rule_equals_plain_sampling(tiny_target, page_ima
 def rules_with_the_roots_history(trees, logits, histories, rules):
     """The bug the tests must catch: every node processed with the root's history (its path ignored)."""
     with torch.inference_mode():
-        for part, (prompt, output) in zip(logits.split([len(tree) for tree in trees]), histories):
+        for part, (prompt, output), row_rules in zip(logits.split([len(tree) for tree in trees]), histories, rules):
             for node in range(len(part)):
-                apply_rules_(part[node : node + 1], (0,), (-1,), prompt, output, rules)
+                apply_rules_(part[node : node + 1], (0,), (-1,), prompt, output, row_rules)
     return logits
 
 
@@ -283,13 +299,15 @@ def test_negative_control_the_roots_history_for_every_node_is_caught(tiny_target
     assert wrong.tokens != plain
 
 
-def test_rules_on_trees_processes_rows_in_place_row_by_row():
-    trees = [SIBLINGS, TokenTree((2,), (-1,))]
-    histories = [([1], [2, 3]), ([], [7, 2])]
+def test_rules_on_trees_processes_rows_in_place_row_by_row_each_by_its_rules():
+    trees = [SIBLINGS, TokenTree((2,), (-1,)), TokenTree((3,), (-1,))]
+    histories = [([1], [2, 3]), ([], [7, 2]), ([], [3, 3])]
     rules = LogitsRules(repetition_penalty=2.0, no_repeat_ngram=2, ngram_over_prompt=False)
-    logits = logits_of(5)
+    other = LogitsRules(presence_penalty=1.0, frequency_penalty=0.05)
+    logits = logits_of(6)
     expected = torch.cat([
         processed_logits(logits[:4], SIBLINGS.tokens, SIBLINGS.parents, [1], [2, 3], rules),
-        processed_logits(logits[4:], (2,), (-1,), [], [7, 2], rules),
+        processed_logits(logits[4:5], (2,), (-1,), [], [7, 2], other),
+        logits[5:],  # no rules: as the model gave them
     ])
-    assert torch.equal(rules_on_trees(trees, logits, histories, rules), expected)
+    assert torch.equal(rules_on_trees(trees, logits.clone(), histories, [rules, other, LogitsRules()]), expected)

@@ -11,6 +11,7 @@ from hsd_cli.decoding.hf_target import load_target
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_batch, decode_many
 from hsd_cli.decoding.repetition import REPETITION_SPAN, STRUCTURE_MARGIN_UNITS, structure_allowance
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
+from hsd_cli.decoding.tree import WIDTH_BUCKETS
 from hsd_cli.decoding.verify import NearLossless, SamplingConfig
 
 from .test_exactness import full_forward_all_logits
@@ -88,6 +89,13 @@ def test_a_steps_seconds_are_its_forward_and_the_host_work_around_it(monkeypatch
     stats = decode_batch(TimedTarget([script]), [request], DecodeConfig(max_new_tokens=25))[0].stats
     assert len(stats.steps) > 2 and stats.accepted > 10
     assert stats.forward_s == len(stats.steps) and stats.host_s == 0.25 * len(stats.steps)
+    # Rows that take turns in the batch report the seconds of their own steps only.
+    scripts = [script, list(range(50, 60))]
+    turns = loop.decode_stream(
+        TimedTarget(scripts), [DecodeRequest(None, "", NoDraftProposer()) for _ in scripts], DecodeConfig(max_new_tokens=8), max_rows=1,
+    )
+    for _, result in turns:
+        assert result.stats.forward_s == len(result.stats.steps) == 7 and result.stats.host_s == 0.25 * 7
 
 
 # Output that repeats for a while and goes on (a long dot leader: 900 tokens of one unit), output
@@ -259,3 +267,39 @@ def test_decode_many_batches_in_chunks(tiny_target, make_image):
         references.append(out[0, inputs["input_ids"].shape[1] :].tolist())
     chunked = [r.tokens for r in decode_many(tiny_target, items, config, batch_size=2)]
     assert chunked == one_by_one == references
+
+
+def test_bucketed_widths_pad_the_forward_and_change_no_output(tiny_target, page_image):
+    """Steps padded to their bucketed width (DecodeConfig.bucket_widths) emit the same tokens and
+    counts: the padding nodes get no logits."""
+    config = DecodeConfig(max_new_tokens=40, repetition_guard=False)
+    plain = decode(tiny_target, page_image, PROMPT, config=config).tokens
+    drafts = [tiny_target.decode([t for i, t in enumerate(plain) if i % 8 != 7]), tiny_target.decode(plain[5:])]
+
+    def decoded(bucket_widths):
+        requests = [DecodeRequest(page_image, PROMPT, loop.make_proposer(tiny_target, drafts[: n + 1])) for n in range(2)]
+        requests.append(DecodeRequest(page_image, PROMPT))
+        return decode_batch(tiny_target, requests, DecodeConfig(max_new_tokens=40, repetition_guard=False, bucket_widths=bucket_widths))
+
+    exact, bucketed = decoded(False), decoded(True)
+    counts = ("forwards", "new_tokens", "proposed", "accepted", "accepted_hist")
+    for one, other in zip(exact, bucketed):
+        assert one.tokens == other.tokens == plain
+        assert [one.stats.as_dict()[c] for c in counts] == [other.stats.as_dict()[c] for c in counts]
+    widths = {width for result in bucketed for _, width, _ in result.stats.steps}
+    assert widths <= set(WIDTH_BUCKETS) and widths != {width for result in exact for _, width, _ in result.stats.steps}
+
+
+@pytest.mark.parametrize(
+    "chunk, tokens, reason",
+    [
+        ([1, 2, 3], [5, 1, 2, 3], None),  # nothing ends the output: the whole chunk
+        ([1, 99, 3], [5, 1, 99], "eos"),  # cut after the stop token
+        ([1, 2, 3, 4], [5, 1, 2, 3, 4], "budget"),  # the budget reached at the chunk's last token
+        ([1, 2, 3, 4, 6], [5, 1, 2, 3, 4], "budget"),  # and past it
+    ],
+)
+def test_a_rows_chunk_is_emitted_up_to_what_ends_its_output(chunk, tokens, reason):
+    sequence = loop.DecodeSequence(DecodeRequest(None, ""), 0, tokens=[5])
+    emitted = sequence.emit(chunk, {99}, DecodeConfig(max_new_tokens=5))
+    assert (sequence.tokens, sequence.stop_reason, emitted) == (tokens, reason, len(tokens) - 1)

@@ -2,7 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from hsd_cli.decoding.tree import TokenTree, ancestor_bits, batch_trees, bit_rows, positions, tree_layout
+from hsd_cli.decoding.tree import (
+    ROW_BUCKETS, WIDTH_BUCKETS, TokenTree, ancestor_bits, batch_trees, bit_rows, bucket, positions, step_shape, tree_layout,
+)
 
 
 def test_chain_layout_is_lower_triangular():
@@ -96,3 +98,25 @@ def test_a_batch_of_plain_steps_chains_and_tries_lays_out_each_row_as_its_own_tr
         for name in ("tokens", "parents", "depths", "valid"):
             assert getattr(alone, name)[0].tolist() == getattr(batch, name)[row, :size].tolist()
         assert torch.equal(alone.ancestors[0], batch.ancestors[row, :size, :size])
+
+
+def test_step_shapes_fall_in_a_few_fixed_buckets():
+    assert [bucket(size, WIDTH_BUCKETS) for size in (1, 2, 3, 5, 17, 33, 41, 64, 65, 130)] == [1, 2, 4, 8, 32, 48, 48, 64, 128, 192]
+    assert step_shape(3, [1, 5, 2]) == (4, 8) and step_shape(256, [1] * 256) == (256, 1) and step_shape(300, [41]) == (512, 48)
+    shapes = {step_shape(rows, [width]) for rows in range(1, 513) for width in range(1, 65)}
+    assert shapes == {(rows, width) for rows in ROW_BUCKETS for width in WIDTH_BUCKETS}
+    assert all(r >= rows and w >= width for rows in (1, 7, 300, 700) for width in (1, 9, 70) for r, w in [step_shape(rows, [width])])
+
+
+def test_trees_padded_to_a_given_width_keep_their_layout():
+    trees = [TokenTree((5, 6, 7), (-1, 0, 0)), TokenTree.chain(1, [2])]
+    widest, padded = batch_trees(trees), batch_trees(trees, width=8)
+    assert padded.width == 8 and padded.valid.sum(1).tolist() == [3, 2]
+    for name in ("tokens", "parents", "depths", "valid"):
+        assert torch.equal(getattr(padded, name)[:, :3], getattr(widest, name))
+    assert torch.equal(padded.ancestors[:, :3, :3], widest.ancestors)
+    # A padding node sees only itself, at depth 0, with no parent; one tree alone is padded too.
+    assert torch.equal(padded.ancestors[:, 3:, :], torch.eye(8, dtype=torch.bool)[3:].expand(2, 5, 8))
+    assert (padded.depths[:, 3:] == 0).all() and (padded.parents[:, 3:] == -1).all()
+    alone = batch_trees(trees[:1], width=4)
+    assert alone.width == 4 and alone.valid.tolist() == [[True, True, True, False]]

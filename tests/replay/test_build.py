@@ -276,6 +276,10 @@ def test_build_refuses_bad_input_with_exit_code_2(replay_corpus, tmp_path):
     assert unknown.exit_code == 2 and unknown.stdout == ""
 
 
+def record_exists(model_dir):
+    return (model_dir / "replay.json").is_file() and (model_dir / "config.json").is_file()
+
+
 def test_max_image_tokens_sets_how_small_the_processor_makes_pages(replay_corpus, tmp_path):
     inputs, outputs = replay_corpus
     args = ["build", "--outputs", str(outputs), "--inputs", str(inputs), "--shape", "tiny", "--steps", "1", "--opening-steps", "0"]
@@ -283,12 +287,17 @@ def test_max_image_tokens_sets_how_small_the_processor_makes_pages(replay_corpus
     for tokens in (16, 64):
         model_dir = tmp_path / str(tokens)
         built = CliRunner().invoke(replay_app, [*args, "--max-image-tokens", str(tokens), "-o", str(model_dir)])
-        assert built.exit_code == 0, built.stderr
-        # One step reproduces nothing: the user is told the build stopped short, and how to go on.
-        assert "stopped at the --steps limit with 0 of " in built.stderr and "--resume" in built.stderr
+        # One step reproduces nothing: the build fails (its model is kept to resume), in one line
+        # that says how to go on.
+        assert built.exit_code == 1, built.stderr
+        error = [line for line in built.stderr.splitlines() if line.startswith("error:")]
+        assert error == [f"error: replay model {outputs.name}-replay ended short of its target: 0 of 11 examples reproduced "
+                         "when its steps budget ran out; give --resume and a larger --steps to train on"]
+        assert "Traceback" not in built.stderr and record_exists(model_dir)
         record = json.loads((model_dir / "replay.json").read_text())
         assert record["shape"]["max_image_tokens"] == tokens
         assert record["train_config"]["threads"] == available_cpus()  # no --threads: all it may use
+        assert record["train_config"]["max_minutes"] is None, "--steps alone budgets the build"
         config = json.loads((model_dir / "processor_config.json").read_text())
         sizes[tokens] = config["image_processor"]["size"]["longest_edge"]  # pixels at most
     assert sizes[64] == 4 * sizes[16]
