@@ -4,6 +4,7 @@ import typer
 
 from .acceptance import acceptance
 from .decode import decode
+from .kv_traffic import kv_traffic
 from .pipeline_arms import pipeline
 from .prompt_tokens import prompt_tokens
 from .render_diff import render_diff
@@ -20,6 +21,7 @@ def bench() -> None:
 
 
 bench_app.command("decode")(decode)
+bench_app.command("kv-traffic")(kv_traffic)
 bench_app.command("acceptance")(acceptance)
 bench_app.command("pipeline")(pipeline)
 bench_app.command("prompt-tokens")(prompt_tokens)

@@ -1,11 +1,13 @@
 """Tiny random models, built once per session, for the exactness tests."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from hsd_cli.decoding.hf_target import load_target
+from hsd_cli.decoding.hf_target import StoreConfig, load_target
 from hsd_cli.models.tiny_families import TINY_FAMILIES, build_tiny_random
 
 
@@ -21,6 +23,8 @@ def one_thread():
 # The fast tier checks the decoding core on these families (M-RoPE, 1-D positions, Kosmos-2.5's
 # own layout); every family's tests run in the slow tier (`-m slow`) and in `.ci/run`.
 FAST_FAMILIES = ("qwen2_5_vl", "idefics3", "kosmos-2.5")
+# HSD_TEST_KV_STORE=1 runs every test of a `tiny_target` with the cache in a KVStore (kv_store.py).
+KV_STORE = StoreConfig() if os.environ.get("HSD_TEST_KV_STORE") == "1" else None
 
 
 @pytest.fixture(
@@ -29,7 +33,7 @@ FAST_FAMILIES = ("qwen2_5_vl", "idefics3", "kosmos-2.5")
 )
 def tiny_target(request, tmp_path_factory):
     model_dir = build_tiny_random(request.param, tmp_path_factory.mktemp(request.param))
-    return load_target(str(model_dir), device="cpu", dtype="float32")
+    return load_target(str(model_dir), device="cpu", dtype="float32", kv_store=KV_STORE)
 
 
 def random_image(seed: int, height: int = 80, width: int = 100) -> Image.Image:
@@ -53,7 +57,7 @@ def bf16_target(tiny_target, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("bf16")
     tiny_target.model.save_pretrained(model_dir)
     tiny_target.processor.save_pretrained(model_dir)
-    target = load_target(str(model_dir), device="cpu", dtype="bfloat16")
+    target = load_target(str(model_dir), device="cpu", dtype="bfloat16", kv_store=KV_STORE)
     assert target.model.dtype == torch.bfloat16
     every_expert_per_token(target.model)
     return target

@@ -208,7 +208,7 @@ class MisjoinedTarget(HFTarget):
 
 
 def test_a_row_decoded_wrongly_fails_the_check(bf16_target, rows, references):
-    target = MisjoinedTarget(bf16_target.model, bf16_target.processor, bf16_target.adapter)
+    target = MisjoinedTarget(bf16_target.model, bf16_target.processor, bf16_target.adapter, kv_store=bf16_target.kv_store)
     results = decode_batch(target, packed_requests(rows, references), CONFIG, separate_prefill=True)
     check_row(bf16_target, *rows[0], results[0].tokens, references[0])  # the first row is right
     for (image, prompt), result, reference in zip(rows, results[1:], references):

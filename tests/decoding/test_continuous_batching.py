@@ -24,8 +24,8 @@ class JoinCountingTarget(HFTarget):
     """Records, per join, how many tokens the running rows had in their cache: a join into a
     batch that has decoded is what continuous batching adds."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.joins: list[list[int]] = []
 
     def join(self, states):
@@ -49,7 +49,7 @@ def test_rows_joining_a_running_batch_decode_as_generate_does(tiny_target, make_
         DraftProposer([references[2]]), DraftProposer([edit(references[4], 2, substitute=0.05)]),
     ]
     requests = [DecodeRequest(image, prompt, proposer) for (image, prompt), proposer in zip(cases, proposers)]
-    target = JoinCountingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    target = JoinCountingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter, kv_store=tiny_target.kv_store)
     config = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False)
     finished = list(decode_stream(target, requests, config, max_rows=2, separate_prefill=separate_prefill))
     assert sorted(index for index, _ in finished) == list(range(len(cases))), "every request once"
@@ -80,7 +80,7 @@ def test_a_fixed_batch_is_the_special_case(tiny_target, make_image):
         DecodeRequest(make_image(17, 112, 84), "Transcribe the text.", NoDraftProposer()),
     ]
     config = DecodeConfig(max_new_tokens=20, repetition_guard=False)
-    target = JoinCountingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    target = JoinCountingTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter, kv_store=tiny_target.kv_store)
     results = decode_batch(target, requests, config)
     assert [r.tokens for r in results] == [generate_greedy(tiny_target, r.image, r.prompt, 20) for r in requests]
     assert target.joins == [] and all(r.stats.steps[0][0] == 2 for r in results), "both rows in every forward"

@@ -282,7 +282,7 @@ class CausalMaskTarget(HFTarget):
 
 @pytest.mark.parametrize("wrong_target", [ShiftedPositionsTarget, CausalMaskTarget])
 def test_wrong_positions_or_mask_are_detected(tiny_target, page_image, expected_node_logits, wrong_target):
-    target = wrong_target(tiny_target.model, tiny_target.processor, tiny_target.adapter)
+    target = wrong_target(tiny_target.model, tiny_target.processor, tiny_target.adapter, kv_store=tiny_target.kv_store)
     logits = tree_logits(target, page_image, BRANCHING)
     assert (logits - expected_node_logits).abs().max().item() > 100 * SAME_LOGITS
 

@@ -3,6 +3,7 @@ rows in flight (serving.rows) budget a device's memory with."""
 
 import torch
 
+from hsd_cli.decoding.hf_target import HFTarget
 from hsd_cli.decoding.hf_target.footprint import kv_bytes_per_token, model_footprint
 
 
@@ -17,8 +18,10 @@ def test_the_weights_bytes_are_the_loaded_models(tiny_target):
 
 
 def test_a_rows_cache_grows_by_the_bytes_per_token_budgeted(tiny_target, page_image):
-    """What a real prefill leaves in the cache, per token of the prompt, in every layer."""
-    state, _ = tiny_target.prefill(tiny_target.inputs([page_image], ["Transcribe the page."]))
+    """What a real prefill leaves in the cache, per token of the prompt, in every layer (the
+    DynamicCache path: the KV store's entries are counted in test_kv_store)."""
+    target = HFTarget(tiny_target.model, tiny_target.processor, tiny_target.adapter, kv_store=None)
+    state, _ = target.prefill(target.inputs([page_image], ["Transcribe the page."]))
     tokens = int(state.past_len[0])
     held = [
         tensor for layer in state.cache.layers

@@ -44,9 +44,7 @@ def join_rows(parts: Sequence[BatchState]) -> BatchState:
     for index, layer in _attention_layers(joined.cache):
         layer.keys = torch.cat([left_padded(state.cache.layers[index].keys) for state in parts])
         layer.values = torch.cat([left_padded(state.cache.layers[index].values) for state in parts])
-    for index, layer in _linear_layers(joined.cache):
-        layer.conv_states[0] = torch.cat([state.cache.layers[index].conv_states[0] for state in parts])
-        layer.recurrent_states[0] = torch.cat([state.cache.layers[index].recurrent_states[0] for state in parts])
+    join_linear_states(joined.cache, [state.cache for state in parts])
     joined.slot_valid = torch.cat(
         [torch.nn.functional.pad(state.slot_valid, (length - state.slot_valid.shape[1], 0), value=False) for state in parts]
     )
@@ -54,6 +52,14 @@ def join_rows(parts: Sequence[BatchState]) -> BatchState:
     joined.rope_delta = torch.cat([state.rope_delta.reshape(-1) for state in parts])
     joined.rows = [row for state in parts for row in state.rows]
     return joined
+
+
+def join_linear_states(joined, caches: Sequence[object]) -> None:
+    """Each linear-attention layer of `joined` (the first of `caches`) takes the conv and
+    recurrent states of every cache's rows, in order."""
+    for index, layer in _linear_layers(joined):
+        layer.conv_states[0] = torch.cat([cache.layers[index].conv_states[0] for cache in caches])
+        layer.recurrent_states[0] = torch.cat([cache.layers[index].recurrent_states[0] for cache in caches])
 
 
 def keep_nodes(state: BatchState, kept_nodes: Sequence[Sequence[int]], device: torch.device) -> None:

@@ -1,8 +1,8 @@
 """The model seen as a tree-verification target: `HFTarget` wraps a loaded image-text-to-text
 model and offers what the decoding loop needs: prefill a batch of (image, prompt) inputs, run one
 forward over a batch of token trees (its positions and attention mask), keep the accepted cache
-entries, drop finished rows. The cache edits are cache.py's, the families' differences
-families/'s, plain `generate` generate.py's.
+entries, drop finished rows. The cache edits are cache.py's (kv_store.py's with the store on: a
+cache written in place), the families' differences families/'s, plain `generate` generate.py's.
 """
 
 from __future__ import annotations
@@ -19,13 +19,19 @@ from .families import IMAGE_FIRST, ChatLayout, FamilyAdapter, adapter_for
 from ..repetition import NO_ALLOWANCE, RepetitionAllowance
 from .generate import generate_plainly
 from .hybrid import linear_attention_layers, tree_form
+from .kv_store import StoreConfig, StoreState, commit_stored, join_stored, keep_stored_rows, store_mask, stored
 
 
 class HFTarget:
     """A transformers image-text-to-text model seen as a tree-verification target."""
 
-    def __init__(self, model, processor, adapter: FamilyAdapter, layout: ChatLayout = IMAGE_FIRST):
+    def __init__(
+        self, model, processor, adapter: FamilyAdapter, layout: ChatLayout = IMAGE_FIRST, kv_store: StoreConfig | None = None,
+    ):
         self.model = model
+        # None: the rows' cache in transformers' DynamicCache, edited by cache.py; else in a
+        # KVStore written in place (kv_store.py), taking memory as the config says.
+        self.kv_store = kv_store
         self.processor = processor
         self.layout = layout  # the chat turns as the model's makers lay them out
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -95,7 +101,7 @@ class HFTarget:
     # -- decoding primitives -----------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, inputs: dict) -> tuple[BatchState, torch.Tensor]:
+    def prefill(self, inputs: dict) -> tuple[BatchState | StoreState, torch.Tensor]:
         """Run the prompt (and images); return the state and the last-position logits (B, V)."""
         from transformers import DynamicCache
 
@@ -110,7 +116,7 @@ class HFTarget:
             rope_delta=rope_delta,
             rows=list(range(attention.shape[0])),
         )
-        return state, out.logits[:, -1, :].float()
+        return state if self.kv_store is None else stored(state, self.kv_store), out.logits[:, -1, :].float()
 
     @torch.inference_mode()
     def prefill_each(self, inputs: Sequence[dict]) -> tuple[BatchState, torch.Tensor]:
@@ -124,7 +130,7 @@ class HFTarget:
 
     def join(self, states: Sequence[BatchState]) -> BatchState:
         """The rows of `states` (decoded apart so far) in one batch; each keeps its `rows`."""
-        return join_rows(states)
+        return join_stored(states) if isinstance(states[0], StoreState) else join_rows(states)
 
     @torch.inference_mode()
     def forward_tree(
@@ -142,12 +148,14 @@ class HFTarget:
         tree's). Returns the fp32 logits of the valid nodes, row by row: (N, V).
         """
         width = tokens.shape[1]
+        if isinstance(state, StoreState):
+            state.store.open(width)
         positions = self._tree_positions(state, depths)
         visibility = self._tree_visibility(ancestors)
         # None where one token per row sees every slot (plain decoding of unpadded rows), as
         # `generate` then gives attention none: bf16 attention with a mask of zeros can round
         # differently from attention without one.
-        plain = width == 1 and bool(state.slot_valid.all()) and bool(visibility.all())
+        plain = width == 1 and self._aligned(state) and bool(visibility.all())
         padded = valid is not None and not bool(valid.all())
         with ExitStack() as scoped:
             if padded:
@@ -158,7 +166,7 @@ class HFTarget:
             out = self.model(
                 input_ids=tokens.to(self.device),
                 position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
-                attention_mask=None if plain else self._additive_mask(state.slot_valid, visibility),
+                attention_mask=None if plain else self._mask(state, visibility),
                 past_key_values=state.cache,
                 use_cache=True,
             )
@@ -188,6 +196,16 @@ class HFTarget:
             yield
         finally:
             handle.remove()
+
+    def _aligned(self, state: BatchState | StoreState) -> bool:
+        """Whether every row's cached slots are its own (no padding, no other row's longer entries)."""
+        return state.store.aligned() if isinstance(state, StoreState) else bool(state.slot_valid.all())
+
+    def _mask(self, state: BatchState | StoreState, visibility: torch.Tensor) -> torch.Tensor:
+        """The forward's additive mask: over the store's views (ragged rows), or the padded cache."""
+        if isinstance(state, StoreState):
+            return store_mask(state.store.lengths, visibility, self.dtype, self.device)
+        return self._additive_mask(state.slot_valid, visibility)
 
     def _additive_mask(self, slot_valid: torch.Tensor, visibility: torch.Tensor) -> torch.Tensor:
         """(B, 1, K, L + K) float mask in the model dtype (boolean 4-D masks are silently wrong
@@ -224,13 +242,20 @@ class HFTarget:
     def commit(self, state: BatchState, width: int, kept_nodes: Sequence[Sequence[int]]) -> None:
         """Keep, per row, the cache entries of `kept_nodes` (tree node indices) and the
         linear-attention states after them; drop the rest."""
-        keep_nodes(state, kept_nodes, self.device)
+        if isinstance(state, StoreState):
+            commit_stored(state, kept_nodes)
+        else:
+            keep_nodes(state, kept_nodes, self.device)
         if state.linear_records is not None:
             commit_linear_states(state, self._linear_paths(kept_nodes))
 
     def keep_rows(self, state: BatchState, keep: Sequence[int]) -> None:
-        """Drop finished rows from the batch (positions in the current batch to keep)."""
-        keep_rows(state, keep, self.device)
+        """Drop finished rows from the batch (positions in the current batch to keep). With the
+        store on, the rows kept may take another order: `state.rows` says which."""
+        if isinstance(state, StoreState):
+            keep_stored_rows(state, keep)
+        else:
+            keep_rows(state, keep, self.device)
 
 
 def load_target(
@@ -241,6 +266,7 @@ def load_target(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
     layout: ChatLayout = IMAGE_FIRST,
+    kv_store: StoreConfig | None = None,
 ) -> HFTarget:
     """Load a model by hub id or local directory for speculative decoding."""
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -256,4 +282,4 @@ def load_target(
         model, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs
     )
     network.to(device).eval()
-    return HFTarget(network, processor, adapter, layout)
+    return HFTarget(network, processor, adapter, layout, kv_store)
