@@ -16,6 +16,17 @@ class HtmlCell:
 
 
 @dataclass(frozen=True)
+class Cell:
+    """A cell placed on a table's grid (the scorers' tables, OTSL's): its top-left slot and spans."""
+
+    row: int
+    col: int
+    text: str
+    row_span: int = 1
+    col_span: int = 1
+
+
+@dataclass(frozen=True)
 class HtmlTable:
     rows: tuple[tuple[HtmlCell, ...], ...]  # empty rows left out
     # Some <td>/<th> carries a rowspan or colspan other than "1", even one that does not parse or

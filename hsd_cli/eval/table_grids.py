@@ -9,20 +9,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hsd_cli.html_tables import read_html_table
+from hsd_cli.html_tables import Cell, read_html_table
 
 _HTML_TABLE = re.compile(r"<table\b.*?</table\s*>", re.IGNORECASE | re.DOTALL)
 _PIPE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 _UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
-
-
-@dataclass(frozen=True)
-class Cell:
-    row: int
-    col: int
-    text: str
-    row_span: int = 1
-    col_span: int = 1
 
 
 @dataclass(frozen=True)

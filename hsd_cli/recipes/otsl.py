@@ -15,24 +15,14 @@ from __future__ import annotations
 import html
 import itertools
 import re
-from dataclasses import dataclass
 
-from hsd_cli.html_tables import read_html_table
+from hsd_cli.html_tables import Cell, read_html_table
 
 NL, FCEL, ECEL, LCEL, UCEL, XCEL = "<nl>", "<fcel>", "<ecel>", "<lcel>", "<ucel>", "<xcel>"
 TAGS = (NL, FCEL, ECEL, LCEL, UCEL, XCEL)
 _TAG = re.compile("(" + "|".join(TAGS) + ")")
 # A cell tag and the text up to the next tag (paddlex's OTSL_FIND_PATTERN).
 _CELL = re.compile("(?:" + "|".join(TAGS) + ").*?(?=" + "(?:" + "|".join(TAGS) + ")|$)", re.DOTALL)
-
-
-@dataclass(frozen=True)
-class Cell:
-    text: str
-    row: int
-    col: int
-    row_span: int = 1
-    col_span: int = 1
 
 
 def pad_rows(otsl: str) -> str:
@@ -100,7 +90,7 @@ def parse_otsl(otsl: str, fcel_takes_next: bool = False) -> tuple[list[Cell], in
             col_span = 1 + (_run(rows, row, col + 1, (LCEL, XCEL), False) if right < len(texts) and texts[right] in (LCEL, XCEL) else 0)
             below = rows[row + 1][col] if row + 1 < len(rows) and col < len(rows[row + 1]) else ""
             row_span = 1 + (_run(rows, row + 1, col, (UCEL, XCEL), True) if below in (UCEL, XCEL) else 0)
-            cells.append(Cell(text.strip(), row, col, row_span, col_span))
+            cells.append(Cell(row, col, text.strip(), row_span, col_span))
         if item in (FCEL, ECEL, LCEL, UCEL, XCEL):
             col += 1
         elif item == NL:
@@ -122,7 +112,7 @@ def cells_to_html(cells: list[Cell], rows: int, cols: int) -> str:
     for r in range(rows):
         body.append("<tr>")
         for c in range(cols):
-            cell = grid.get((r, c), Cell("", r, c))
+            cell = grid.get((r, c), Cell(r, c, ""))
             if (cell.row, cell.col) != (r, c):
                 continue
             spans = (f' rowspan="{cell.row_span}"' if cell.row_span > 1 else "") + (f' colspan="{cell.col_span}"' if cell.col_span > 1 else "")
