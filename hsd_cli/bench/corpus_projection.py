@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from hsd_cli.bench.oracle import OracleState, OracleTarget
+from hsd_cli.bench.throughput_runs import cycled
 from hsd_cli.config import Sizing
 from hsd_cli.decoding import DecodeConfig, DecodeRequest, NoDraftProposer, make_proposer
 from hsd_cli.decoding.loop import decode_stream
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
     from hsd_cli.profiles import Profile
 
 ARMS = ("generate", "plain-cb", "hsd-1", "hsd-cb")
-# A batched arm streams the pages, cycled, until this many times its rows have been read: a
-# saturated engine's rate, not a small corpus's tail of ever fewer rows.
-FILL = 3
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ def projected_seconds(
     sizing: Sizing = Sizing.PAGE,
 ) -> ProjectedRun:
     """The pages read and their seconds on `profile` reading `pages` at `rows` (drafted or plainly), cycled to
-    FILL times the rows where they are fewer; `sized`: verification sized for the load as `sizing`
+    FILL (throughput_runs) times the rows where they are fewer; `sized`: verification sized for the load as `sizing`
     says (`read_sizers`), else whole trees."""
     sides = {page.id: page.side for page in pages}
     prompt_tokens = {page_id: profile.prefill_tokens(side) for page_id, side in sides.items()}
@@ -130,7 +128,7 @@ def projected_seconds(
         proposer = make_proposer(oracle, page.drafts, match) if drafted else NoDraftProposer()
         return DecodeRequest(None, page.id, proposer)
 
-    stream = [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
+    stream = cycled(pages, rows)
     sizers = read_sizers(profile, stream, rows, sizing) if sized else None
     for _ in decode_stream(oracle, (request(page) for page in stream), config, max_rows=rows, sizers=sizers):
         pass

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from hsd_cli.bench.corpus_projection import FILL
 from hsd_cli.config import Sizing
 
 if TYPE_CHECKING:
@@ -80,9 +79,14 @@ class ArmRun:
                       self.slots + other.slots)
 
 
+# A batched arm streams the pages, cycled, until this many times its rows have been read: a
+# saturated engine's rate, not a small corpus's tail of ever fewer rows.
+FILL = 3
+
+
 def cycled(pages: Sequence[Any], rows: int) -> list[Any]:
     """The pages a batched arm reads at `rows`: cycled to FILL times the rows where they are fewer
-    (corpus_projection reads the same stream)."""
+    (corpus_projection projects the same stream)."""
     return [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
 
 

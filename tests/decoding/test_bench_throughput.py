@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from hsd_cli.bench import bench_app
 from hsd_cli.bench.corpus_projection import (
-    FILL, ProjectedRun, feasible_rows, memory_rows, projected_arms, projected_json, projected_seconds, read_sizers, summed,
+    ProjectedRun, feasible_rows, memory_rows, projected_arms, projected_json, projected_seconds, read_sizers, summed,
 )
 from hsd_cli.bench.throughput_runs import (
-    ArmRun, RowSearch, cycled, interleaved, median_summary, paired_ratio, searched_runs, streamed,
+    FILL, ArmRun, RowSearch, cycled, interleaved, median_summary, paired_ratio, searched_runs, streamed,
 )
 from hsd_cli.config import Sizing
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, DecodeResult

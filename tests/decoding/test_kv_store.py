@@ -5,7 +5,7 @@ middle of the batch and a row joining into the place it freed."""
 import pytest
 import torch
 
-from hsd_cli.bench.kv_traffic import TrafficCounter
+from hsd_cli.bench.kv_counting import TrafficCounter
 from hsd_cli.decoding.hf_target import HFTarget
 from hsd_cli.decoding.hf_target.cache import BatchState
 from hsd_cli.decoding.hf_target import kv_store

@@ -8,7 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from hsd_cli.bench.kv_traffic import QWEN25_VL_7B, TrafficCounter, kv_traffic, measure
+from hsd_cli.bench.kv_counting import QWEN25_VL_7B, TrafficCounter, measure
+from hsd_cli.bench.kv_traffic import kv_traffic
 
 NODES = 16  # tree nodes a row verifies a step in `measure`
 

@@ -5,9 +5,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from hsd_cli.recipes.registry import recipe_named
 from hsd_cli.records.page import Page
 from hsd_cli.replay.align import char_accuracy, edit_distance, locate
 from hsd_cli.replay.dataset import load_examples, pair_pages, prepare, region_target
+from hsd_cli.replay.model import FAMILY
 from hsd_cli.stages.rasterize import crop_block
 from tests import fixtures
 from tests.replay.conftest import PAGE_OUTPUTS
@@ -72,7 +74,7 @@ def test_crop_block_pads_clips_and_drops_slivers():
 def test_prepare_makes_page_and_aligned_crop_examples(replay_corpus, tmp_path):
     inputs, outputs = replay_corpus
     pairs, _ = pair_pages(outputs, inputs)
-    examples, prints = prepare(pairs, inputs, tmp_path / "data", region_padding_px=4)
+    examples, prints = prepare(pairs, inputs, tmp_path / "data", region_padding_px=4, recipe=recipe_named("", FAMILY))
     assert load_examples(tmp_path / "data") == examples
     pages = [e for e in examples if e.kind == "page"]
     assert [(e.source, e.page_no, e.target) for e in pages] == [

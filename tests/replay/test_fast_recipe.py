@@ -64,7 +64,7 @@ def test_features_computed_once_give_the_logits_of_the_tower_run_each_step(repla
     build(BuildRequest(outputs_dir=outputs, inputs_dir=inputs, model_dir=model_dir, name="features", shape=TINY_SHAPE,
                        train=TrainConfig(max_steps=1, opening_steps=0, threads=1), evaluate=False))
     processor = adapter_for("qwen2_5_vl").load_processor(str(model_dir), False)
-    encoded, vocabulary = _encoded(processor, model_dir / DATA_DIR, load_examples(model_dir / DATA_DIR))
+    encoded, vocabulary = _encoded(processor, model_dir, load_examples(model_dir / DATA_DIR))
     model = new_model(TINY_SHAPE, processor.tokenizer, seed=1, vocabulary=vocabulary).eval()
     pad_id = int(vocabulary.rows(len(processor.tokenizer))[processor.tokenizer.pad_token_id])
     batch = encoded[:3]  # a page and crops: several images of different grids in one batch
