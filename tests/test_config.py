@@ -14,7 +14,7 @@ def _resolved(config: ConvertConfig, page_timeout: float) -> ResolvedConfig:
         model = ModelConfig(
             config.model, "qwen2_5_vl", config.device or "cpu", config.dtype or "float32", config.trust_remote_code,
             config.max_new_tokens or 4096, config.baseline, config.profile, near_lossless=config.near_lossless,
-            recipe=config.recipe or "", greedy=config.greedy, seed=config.seed,
+            recipe=config.recipe or "", greedy=config.greedy, seed=config.seed, layout_model=config.layout_model,
         )
     return ResolvedConfig(config.document, model, ScheduleConfig(1, Sizing.PAGE, 0, page_timeout, 0.0, 0.2, 50))
 
@@ -47,7 +47,7 @@ def _a_different_value(name, value, tmp_path):
         "draft_json_dir": tmp_path / "drafts", "images": ImageMode.NONE, "page_markers": True,
         "stages": Stages.PAGE, "model": "another/model", "device": "cuda", "dtype": "bfloat16",
         "max_new_tokens": 100, "baseline": True, "profile": "h100", "near_lossless": 0.75,
-        "recipe": "olmocr-2", "greedy": True, "seed": 7,
+        "recipe": "olmocr-2", "greedy": True, "seed": 7, "layout_model": str(tmp_path / "layout"),
     }
     assert others[name] != value, name
     return others[name]

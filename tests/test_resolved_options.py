@@ -26,7 +26,7 @@ RESOLVERS = {
     "default_device", "default_dtype", "default_draft_processes", "device_rows_choice", "profile_name",
 }
 # Fields whose None is a value (no profile, no wrapper, lossless), not "a default to choose later".
-NONE_IS_A_VALUE = {"profile", "reader_wrapper", "near_lossless"}
+NONE_IS_A_VALUE = {"profile", "reader_wrapper", "near_lossless", "layout_model"}
 
 
 def worker_side_modules() -> list[Path]:

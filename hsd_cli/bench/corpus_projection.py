@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from hsd_cli.bench.oracle import OracleState, OracleTarget
-from hsd_cli.bench.throughput_runs import cycled
+from hsd_cli.bench.page_stream import cycled
 from hsd_cli.config import Sizing
 from hsd_cli.decoding import DecodeConfig, DecodeRequest, NoDraftProposer, make_proposer
 from hsd_cli.decoding.loop import decode_stream
@@ -118,7 +118,7 @@ def projected_seconds(
     sizing: Sizing = Sizing.PAGE,
 ) -> ProjectedRun:
     """The pages read and their seconds on `profile` reading `pages` at `rows` (drafted or plainly), cycled to
-    FILL (throughput_runs) times the rows where they are fewer; `sized`: verification sized for the load as `sizing`
+    FILL (page_stream) times the rows where they are fewer; `sized`: verification sized for the load as `sizing`
     says (`read_sizers`), else whole trees."""
     sides = {page.id: page.side for page in pages}
     prompt_tokens = {page_id: profile.prefill_tokens(side) for page_id, side in sides.items()}

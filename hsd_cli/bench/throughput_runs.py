@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+from hsd_cli.bench.page_stream import FILL, cycled
 from hsd_cli.config import Sizing
 
 if TYPE_CHECKING:
@@ -77,17 +78,6 @@ class ArmRun:
         return ArmRun(self.seconds + other.seconds, self.tokens | other.tokens, self.latencies + other.latencies,
                       self.unstable | other.unstable, self.new_tokens + other.new_tokens, self.nodes + other.nodes,
                       self.slots + other.slots)
-
-
-# A batched arm streams the pages, cycled, until this many times its rows have been read: a
-# saturated engine's rate, not a small corpus's tail of ever fewer rows.
-FILL = 3
-
-
-def cycled(pages: Sequence[Any], rows: int) -> list[Any]:
-    """The pages a batched arm reads at `rows`: cycled to FILL times the rows where they are fewer
-    (corpus_projection projects the same stream)."""
-    return [pages[i % len(pages)] for i in range(max(len(pages), FILL * rows if rows > 1 else 0))]
 
 
 def page_requests(model: VlmModel, pages: Sequence[Any], drafted: bool) -> list[DecodeRequest]:

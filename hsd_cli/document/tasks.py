@@ -68,7 +68,7 @@ def file_sha256(path: Path) -> str:
 # Options added since outputs were first hashed whose unset value is the behaviour before them:
 # recorded (and hashed) only when set, so that a run without them keeps its bytes and resumes. A
 # recipe is set where it is a makers' one: a family's default is hsd's way before recipes.
-RECORDED_WHEN_SET_FIELDS = ("near_lossless", "recipe", "greedy", "seed")
+RECORDED_WHEN_SET_FIELDS = ("near_lossless", "recipe", "greedy", "seed", "layout_model")
 
 
 def _set(key: str, value: object) -> bool:

@@ -13,8 +13,9 @@ from hsd_cli.bench import bench_app
 from hsd_cli.bench.corpus_projection import (
     ProjectedRun, feasible_rows, memory_rows, projected_arms, projected_json, projected_seconds, read_sizers, summed,
 )
+from hsd_cli.bench.page_stream import FILL
 from hsd_cli.bench.throughput_runs import (
-    FILL, ArmRun, RowSearch, cycled, interleaved, median_summary, paired_ratio, searched_runs, streamed,
+    ArmRun, RowSearch, cycled, interleaved, median_summary, paired_ratio, searched_runs, streamed,
 )
 from hsd_cli.config import Sizing
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, DecodeResult
