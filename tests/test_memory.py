@@ -190,8 +190,9 @@ def test_a_long_documents_worker_memory_does_not_grow_with_its_pages(tmp_path):
         from hsd_cli.config import ConvertConfig, DraftBackendName
         from hsd_cli.document.inputs import InputDocument, OutputPaths
         from hsd_cli.document.tasks import DocumentTask
+        from hsd_cli.batch.resolve import resolve_schedule
+        from hsd_cli.config import ResolvedConfig, RunConfig
         from hsd_cli.document.writing import process_document
-        from tests.fixtures import resolved
 
         root, pages = Path(sys.argv[1]), int(sys.argv[2])
         picture = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 200, 150), False)
@@ -209,10 +210,12 @@ def test_a_long_documents_worker_memory_does_not_grow_with_its_pages(tmp_path):
                 return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
 
         rss = []
+        # The run as the parent resolves it (the subprocess sees the installed package, not the tests).
+        options = ConvertConfig(output_dir=root, draft_backend=DraftBackendName.PDF_TEXT)
         outputs = OutputPaths(markdown=root / "long.md", json=root / "long.json", images_dir=root / "long_images")
         task = DocumentTask(
             doc=InputDocument(path=pdf, relpath=Path("long.pdf"), kind="pdf"), outputs=outputs,
-            config=resolved(ConvertConfig(output_dir=root, draft_backend=DraftBackendName.PDF_TEXT)), sha256="0",
+            config=ResolvedConfig(options.document, None, resolve_schedule(options, None, RunConfig(), None, [])), sha256="0",
             checkpoint_dir=root / "checkpoints",
         )
         outcome = process_document(task, lambda name, payload: rss.append(rss_kib()) if name == "page_done" else None)
