@@ -16,17 +16,24 @@ from hsd_cli.models.tiny import architecture_config
 from hsd_cli.models.tiny_families import build_tiny_random
 from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile, load_profile, square_side
 from hsd_cli.profiles.analytic import DEVICES, ModelShape, analytic_forward_s, analytic_prefill_s, analytic_profile
+from hsd_cli.profiles.layer_mix import LinearAttention
 from hsd_cli.profiles.measured import fit_host
 from tests.conftest import run_hsd
 
 
-@pytest.mark.parametrize("architecture", ["qwen2_5_vl_3b", "qwen2_5_vl_7b"])
+ARCHITECTURES = Path(__file__).resolve().parents[1] / "configs" / "architectures"
+HYBRID, ATTENTION_TWIN = (str(ARCHITECTURES / f"qwen3_5_shaped_1024x24{suffix}.json") for suffix in ("", "_attention"))
+CHANDRA_2 = str(ARCHITECTURES / "qwen3_5_4b.json")
+
+
+@pytest.mark.parametrize("architecture", ["qwen2_5_vl_3b", "qwen2_5_vl_7b", HYBRID, ATTENTION_TWIN, CHANDRA_2])
 def test_the_analytic_shapes_count_the_parameters_transformers_builds(architecture):
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     settings = architecture_config(architecture)
     shape = ModelShape.of(settings)
     family = settings.pop("model_type")
+    settings.pop("_comment", None)
     with torch.device("meta"):  # shapes only, no memory
         model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(family, **settings))
     counts = {"visual": 0, "text": 0}
@@ -46,6 +53,46 @@ def test_on_a_gpu_a_7b_forward_verifies_64_nodes_for_about_the_cost_of_one():
     assert profile.forward_s(1, 64, 2048) == pytest.approx(analytic_forward_s(shape, h100, 1, 64, 2048))
     between = profile.forward_s(8, 40, 2048)  # interpolated between the grid's 32 and 64 nodes
     assert profile.forward_s(8, 32, 2048) < between < profile.forward_s(8, 64, 2048)
+
+
+def test_a_linear_attention_layer_is_priced_by_its_fixed_state_and_its_work_per_node_not_as_attention():
+    """The hybrid (3 Gated DeltaNet layers to 1 attention layer) against its attention-only twin:
+    a quarter of the keys and values, a fixed state per row instead, and no attention over the
+    context in its linear layers; over a tree, the linear layers' pairwise work grows with the
+    square of the nodes."""
+    hybrid, twin, h100 = ModelShape.of(architecture_config(HYBRID)), ModelShape.of(architecture_config(ATTENTION_TWIN)), DEVICES["h100-bf16"]
+    assert hybrid.attention_layers == 6 and twin.attention_layers == 24 and twin.linear is None
+    assert hybrid.kv_bytes_per_token * 4 == twin.kv_bytes_per_token
+    linear = hybrid.linear
+    assert (linear.layers, linear.heads, linear.conv_channels) == (18, 16, 3 * 16 * 128)
+    # 16 heads of 128 x 128 in fp32 and a 4-input conv window of 6,144 channels in bf16, per linear layer.
+    assert hybrid.state_bytes_per_row(2) == 18 * (16 * 128 * 128 * 4 + 6144 * 4 * 2)
+    # Many rows at a long context: the twin reads four times the keys and values.
+    assert analytic_forward_s(hybrid, h100, 256, 1, 8192) < 0.5 * analytic_forward_s(twin, h100, 256, 1, 8192)
+    assert linear.tree_flops(64) - 64 * linear.tree_flops(1) > 60 * 64 * linear.layers * linear.heads * (5 * 128 + 3 * 128)
+    memory = analytic_profile("h100-bf16", "hybrid", architecture_config(HYBRID)).memory
+    assert memory.state_bytes_per_row == hybrid.state_bytes_per_row(2)
+    assert memory.row_bytes(1000) == 1000 * hybrid.kv_bytes_per_token * 2 + memory.state_bytes_per_row
+
+
+def test_the_linear_layers_tree_flops_are_the_tree_forms_own():
+    """`LinearAttention.tree_flops` against the matrix products delta_tree.py runs (counted by
+    torch) and its two triangular solves (nodes^2 per column, which torch does not count)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hsd_cli.decoding.hf_target.delta_tree import tree_gated_delta_rule
+    from hsd_cli.decoding.tree import tree_layout
+
+    parents, heads, key_heads, key_dim, value_dim = (-1, 0, 0, 1, 1, 2, 5, 6, 6, 3, 9, 9), 4, 2, 8, 5
+    nodes = len(parents)
+    ancestors = torch.from_numpy(tree_layout(parents).ancestors)[None]
+    query, key = torch.randn(1, nodes, key_heads, key_dim), torch.randn(1, nodes, key_heads, key_dim)
+    with FlopCounterMode(display=False) as counted:
+        tree_gated_delta_rule(query, key, torch.randn(1, nodes, heads, value_dim), -torch.rand(1, nodes, heads),
+                              torch.rand(1, nodes, heads), ancestors, torch.randn(1, heads, key_dim, value_dim))
+    solves = heads * nodes**2 * (key_dim + value_dim)
+    no_conv = LinearAttention(layers=1, heads=heads, key_dim=key_dim, value_dim=value_dim, conv_channels=0, kernel=4)
+    assert no_conv.tree_flops(nodes) == counted.get_total_flops() + solves
 
 
 def test_a_measured_profile_is_stored_and_read_back(tmp_path, monkeypatch):

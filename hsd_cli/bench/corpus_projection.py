@@ -137,7 +137,7 @@ def projected_seconds(
 
 def memory_rows(profile: Profile, pages: Sequence[CorpusPage], outputs: dict[str, list[int]]) -> int | None:
     """The rows the profile's device holds beside the weights (serving.rows.device_rows), each row
-    budgeted at the KV cache of a page's whole context (its prompt and its output), the mean over
+    budgeted at the KV cache of a page's whole context (its prompt and its output) and its fixed state, the mean over
     `pages`; None where the profile sets no memory (a CPU, a profile stored before)."""
     from hsd_cli.serving.rows import device_rows
 
@@ -145,7 +145,7 @@ def memory_rows(profile: Profile, pages: Sequence[CorpusPage], outputs: dict[str
         return None
     context = sum(profile.prefill_tokens(page.side) + len(outputs[page.id]) for page in pages) / len(pages)
     memory = profile.memory
-    return device_rows(memory.device_bytes, memory.weight_bytes, round(context * memory.kv_bytes_per_token))
+    return device_rows(memory.device_bytes, memory.weight_bytes, memory.row_bytes(context))
 
 
 def feasible_rows(rows: Sequence[int], held: int | None) -> tuple[int, ...]:

@@ -57,12 +57,18 @@ class HostCost:
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    """What bounds the rows a device holds: its memory, the model's weights, and the KV cache a
-    token takes, in the profile's dtype (serving.rows.device_rows budgets them)."""
+    """What bounds the rows a device holds: its memory, the model's weights, the KV cache a token
+    takes and the fixed state a row takes (a hybrid's linear-attention layers), in the profile's
+    dtype (serving.rows.device_rows budgets them)."""
 
     device_bytes: int
     weight_bytes: int
     kv_bytes_per_token: int
+    state_bytes_per_row: int = 0  # a profile stored before hybrids, or a model without linear layers
+
+    def row_bytes(self, tokens: float) -> int:
+        """What a row of `tokens` cached tokens takes."""
+        return round(tokens * self.kv_bytes_per_token) + self.state_bytes_per_row
 
 
 def along(x: float, points: Sequence[tuple[float, float]]) -> float:

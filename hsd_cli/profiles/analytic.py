@@ -9,6 +9,7 @@ from time import perf_counter
 from typing import Any
 
 from hsd_cli.profiles import DeviceMemory, ForwardCost, HostCost, PrefillCost, Profile
+from hsd_cli.profiles.layer_mix import LinearAttention, attention_layers
 
 # Continuous batching holds hundreds of rows on a GPU, and the load sizer prices every width.
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -46,6 +47,8 @@ DEVICES = {
     "a100-bf16": DeviceSpec("NVIDIA A100 SXM 80GB", 2.039e12, 312e12, "bfloat16", 80 * GIB),
     "l4-bf16": DeviceSpec("NVIDIA L4", 300e9, 121e12, "bfloat16", 24 * GIB),
 }
+# The chunk of the chunked gated delta rule a prefill runs (transformers' and fla's chunk size).
+PREFILL_CHUNK = 64
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The analytic model fed with what this machine's CPU measures (not published figures): to check
 # the formulas against a measured profile of the same model here.
@@ -81,7 +84,7 @@ class ModelShape:
     text_params: int  # read once per forward: every decoder layer, the embedding and the output layer
     layers: int
     hidden: int
-    kv_bytes_per_token: int  # keys and values of every layer, per cached token (at 1 byte per value)
+    kv_bytes_per_token: int  # keys and values of the full-attention layers, per cached token (at 1 byte per value)
     vision_params: int
     vision_hidden: int
     vision_full_layers: int  # vision layers attending over the whole picture
@@ -89,6 +92,9 @@ class ModelShape:
     window_patches: int
     patch: int
     merge: int
+    attention_layers: int  # the decoder layers that attend over the context (a hybrid's full-attention ones)
+    attention_width: int  # query heads x head_dim: the width of a query's dot products with the context
+    linear: LinearAttention | None = None  # a hybrid's Gated DeltaNet layers: a fixed state per row, work per node
 
     @classmethod
     def of(cls, config: dict[str, Any]) -> ModelShape:
@@ -96,36 +102,60 @@ class ModelShape:
         hidden, layers, ffn = text["hidden_size"], text["num_hidden_layers"], text["intermediate_size"]
         heads, kv_heads = text["num_attention_heads"], text["num_key_value_heads"]
         head_dim = text.get("head_dim") or hidden // heads
-        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        linear = LinearAttention.of(text)
+        full_layers = attention_layers(text)
+        # Qwen3.5's attention gates its output with a second query-sized projection.
+        gate = text.get("attn_output_gate", config.get("model_type", "").startswith("qwen3_5"))
+        attention = (2 + gate) * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        mixing = full_layers * attention + (linear.layers * linear.layer_params(hidden) if linear else 0)
         embeddings = text["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
         vision = config["vision_config"]
         v_hidden, v_ffn, v_depth = vision["hidden_size"], vision["intermediate_size"], vision["depth"]
         merge = vision.get("spatial_merge_size", 2)
         merger = (v_hidden * merge**2) ** 2 + v_hidden * merge**2 * vision.get("out_hidden_size", hidden)
+        # The patch embedding (a conv over 2 frames of a patch) and Qwen3.5's learned position table.
+        embedding = (3 * vision.get("temporal_patch_size", 2) * vision["patch_size"] ** 2
+                     + vision.get("num_position_embeddings", 0)) * v_hidden
+        # Qwen2.5-VL's encoder has a gated MLP (three matrices), Qwen3.5's and Qwen2-VL's two.
+        v_mlp = (3 if config.get("model_type") == "qwen2_5_vl" else 2) * v_hidden * v_ffn
         # Qwen2.5-VL's encoder attends within 112-pixel windows but in its `fullatt_block_indexes`.
         window = vision.get("window_size")
-        full_layers = len(vision["fullatt_block_indexes"]) if window else v_depth
+        v_full_layers = len(vision["fullatt_block_indexes"]) if window else v_depth
         return cls(
-            text_params=layers * (attention + 3 * hidden * ffn) + embeddings,
+            text_params=mixing + layers * 3 * hidden * ffn + embeddings,
             layers=layers,
             hidden=hidden,
-            kv_bytes_per_token=2 * layers * kv_heads * head_dim,
-            vision_params=v_depth * (4 * v_hidden**2 + 3 * v_hidden * v_ffn) + merger,
+            kv_bytes_per_token=2 * full_layers * kv_heads * head_dim,
+            vision_params=v_depth * (4 * v_hidden**2 + v_mlp) + merger + embedding,
             vision_hidden=v_hidden,
-            vision_full_layers=full_layers,
-            vision_window_layers=v_depth - full_layers,
+            vision_full_layers=v_full_layers,
+            vision_window_layers=v_depth - v_full_layers,
             window_patches=(window // vision["patch_size"]) ** 2 if window else 0,
             patch=vision["patch_size"],
             merge=merge,
+            attention_layers=full_layers,
+            attention_width=heads * head_dim,
+            linear=linear,
         )
+
+    def state_bytes_per_row(self, width: int) -> int:
+        """A row's fixed state (a hybrid's linear layers), `width` bytes a value in the model."""
+        return self.linear.state_bytes_per_row(width) if self.linear else 0
+
+    def linear_flops(self, rows: int, nodes: int) -> float:
+        return rows * self.linear.tree_flops(nodes) if self.linear else 0.0
 
 
 def analytic_forward_s(shape: ModelShape, device: DeviceSpec, rows: int, nodes: int, context: int) -> float:
-    """max(memory time, compute time) + overhead: the weights and the rows' caches are read once;
-    every node costs 2 FLOPs per weight plus attention over its row's context."""
+    """max(memory time, compute time) + overhead: the weights and the rows' caches are read once
+    (a hybrid's linear-layer states read by the tree form and written by the commit); every node
+    costs 2 FLOPs per weight, attention over its row's context in the full-attention layers and
+    the linear layers' work per tree node (`LinearAttention.tree_flops`)."""
     width = _DTYPE_BYTES[device.dtype]
-    read = shape.text_params * width + rows * (context + nodes) * shape.kv_bytes_per_token * width
-    flops = 2 * shape.text_params * rows * nodes + 4 * shape.layers * shape.hidden * rows * nodes * (context + nodes)
+    read = (shape.text_params * width + rows * (context + nodes) * shape.kv_bytes_per_token * width
+            + rows * 2 * shape.state_bytes_per_row(width))
+    flops = (2 * shape.text_params * rows * nodes + 4 * shape.attention_layers * shape.attention_width * rows * nodes * (context + nodes)
+             + shape.linear_flops(rows, nodes))
     memory_s = read / (device.memory_bandwidth * device.bandwidth_efficiency)
     compute_s = flops / (device.peak_flops * device.flops_efficiency)
     return max(memory_s, compute_s) + device.forward_overhead_s
@@ -134,14 +164,15 @@ def analytic_forward_s(shape: ModelShape, device: DeviceSpec, rows: int, nodes: 
 def analytic_prefill_s(shape: ModelShape, device: DeviceSpec, image_side: int, prompt_tokens: int = 40) -> tuple[int, float]:
     """(tokens, seconds) of a page's prefill: the vision encoder over the patches (its attention
     over the whole picture in its full-attention layers, within windows in the others), then the
-    prompt with the merged image tokens through the decoder; compute-bound."""
+    prompt with the merged image tokens through the decoder (a hybrid's linear layers by the
+    chunked rule, in chunks of PREFILL_CHUNK tokens); compute-bound."""
     patches = (image_side // shape.patch) ** 2
     tokens = patches // shape.merge**2 + prompt_tokens
     vision_attention = 4 * shape.vision_hidden * patches * (
         shape.vision_full_layers * patches + shape.vision_window_layers * shape.window_patches
     )
     flops = (2 * shape.vision_params * patches + vision_attention + 2 * shape.text_params * tokens
-             + 4 * shape.layers * shape.hidden * tokens**2)
+             + 4 * shape.attention_layers * shape.attention_width * tokens**2 + shape.linear_flops(-(-tokens // PREFILL_CHUNK), PREFILL_CHUNK))
     compute_s = flops / (device.peak_flops * device.flops_efficiency)
     memory_s = (shape.text_params + shape.vision_params) * _DTYPE_BYTES[device.dtype] / (device.memory_bandwidth * device.bandwidth_efficiency)
     return tokens, max(compute_s, memory_s) + 2 * device.forward_overhead_s
@@ -164,4 +195,7 @@ def device_memory(shape: ModelShape, device: DeviceSpec) -> DeviceMemory | None:
     width = _DTYPE_BYTES[device.dtype]
     if device.memory_bytes is None:
         return None
-    return DeviceMemory(device.memory_bytes, (shape.text_params + shape.vision_params) * width, shape.kv_bytes_per_token * width)
+    return DeviceMemory(
+        device.memory_bytes, (shape.text_params + shape.vision_params) * width, shape.kv_bytes_per_token * width,
+        shape.state_bytes_per_row(width),
+    )

@@ -73,7 +73,7 @@ def device_rows_choice(model: ModelConfig, page: Image.Image) -> RowsChoice:
     footprint = model_footprint(config, model.dtype, model.trust_remote_code)
     prompt = settings_for(model.family).page_prompt
     tokens = prompt_tokens(model.model, model.family, page, prompt, model.trust_remote_code) + model.max_new_tokens
-    on_device = device_rows(device_bytes, footprint.weight_bytes, tokens * footprint.kv_bytes_per_token)
+    on_device = device_rows(device_bytes, footprint.weight_bytes, footprint.row_bytes(tokens))
     why = f"{model.device}'s {device_bytes / GIB:.0f} GiB hold {on_device} rows of {tokens:,} tokens"
     host_bytes = available_memory()
     if host_bytes is None:

@@ -29,8 +29,7 @@ def test_a_rows_cache_grows_by_the_bytes_per_token_budgeted(tiny_target, page_im
     ]
     cached = sum(tensor.numel() * tensor.element_size() for tensor in held)
     assert state.slot_valid.shape[1] == tokens, "one row: no padding slots"
-    budgeted = tokens * kv_bytes_per_token(tiny_target.model.config, torch.float32.itemsize)
-    if tiny_target.linear_layers:  # a fixed state per linear layer, budgeted as attention slots would be
-        assert cached <= budgeted
-    else:
-        assert cached == budgeted
+    footprint = model_footprint(tiny_target.model.config, "float32")
+    assert footprint.kv_bytes_per_token == kv_bytes_per_token(tiny_target.model.config, torch.float32.itemsize)
+    assert cached == footprint.row_bytes(tokens), "keys and values per token, and a hybrid's fixed linear-layer states"
+    assert (footprint.state_bytes_per_row > 0) == bool(tiny_target.linear_layers)

@@ -3,9 +3,12 @@ of the linear layers must equal reading each node's path alone, a tree forward m
 cache as it was, and a commit must rebuild the accepted path's states. The family's exactness
 tests (tokens and logits against `generate`, sampling, rows joining and leaving) run in the other
 files through `tiny_target`; here the maths, and the controls: a target that reads the tree as one
-sequence, and one whose commit keeps a rejected node's state, must fail the logits checks."""
+sequence, and one whose commit keeps a rejected node's state, must fail the logits checks. The fast
+tier runs a whole decode with edited drafts and the one-sequence control on the tiny model (the
+family's own exactness suite is in the slow tier)."""
 
 from contextlib import nullcontext
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,7 +23,9 @@ from hsd_cli.decoding.tree import batch_trees, tree_layout
 from hsd_cli.models.tiny_families import build_tiny_random
 
 from .test_cache_logits import PARENTS, largest_logit_error
-from .test_exactness import BRANCHING, SAME_LOGITS, full_forward_logits, path_to, tree_logits
+from .test_exactness import (
+    BRANCHING, GREEDY, PROMPT, SAME_LOGITS, edit, full_forward_logits, generate_greedy, path_to, speculative, tree_logits,
+)
 
 TREE = (-1, 0, 0, 1, 1, 2, 5)
 KERNEL, CHANNELS, KEY_HEADS, HEADS, KEY_DIM, VALUE_DIM = 4, 6, 2, 4, 8, 5
@@ -157,7 +162,17 @@ def test_a_tree_forward_leaves_the_linear_states_as_they_were(hybrid, page_image
     assert all("forward" not in vars(layer) for layer in hybrid.linear_layers), "the layers' own forward again"
 
 
-@pytest.mark.slow
+def test_edited_drafts_decode_the_hybrid_to_generates_tokens(hybrid, page_image):
+    """Drafts that hold for a while and then break, verified as trees through the linear layers
+    and committed step after step: `generate`'s tokens."""
+    length = 64
+    reference = generate_greedy(hybrid, page_image, PROMPT, length)
+    drafts = [edit(reference, 1, substitute=0.1, insert=0.1, delete=0.1)]
+    result = speculative(hybrid, page_image, drafts, replace(GREEDY, max_new_tokens=length))
+    assert result.tokens == reference
+    assert result.stats.accepted > length // 3, "the drafts did get used"
+
+
 def test_reading_the_tree_as_one_sequence_fails_the_logits_check(hybrid, page_image):
     expected = torch.stack([full_forward_logits(hybrid, page_image, path_to(BRANCHING, n)) for n in range(len(BRANCHING))])
     assert (tree_logits(hybrid, page_image, BRANCHING) - expected).abs().max().item() < SAME_LOGITS

@@ -1,7 +1,9 @@
 """What a model takes on its device, known without loading its weights: the weights' bytes (the
 model built on the meta device), the KV cache's bytes per token of a row (from its text config, in
 the layout cache.py keeps: every layer's keys and values, per key-value head), the tokens of a
-prompt (its processor), and the device's memory. `serving.rows` budgets rows in flight with them."""
+prompt (its processor), and the device's memory; a hybrid's linear-attention layers hold a fixed
+state per row instead of keys and values (profiles/layer_mix.py). `serving.rows` budgets rows in
+flight with them."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 from PIL import Image
+
+from hsd_cli.profiles.layer_mix import LinearAttention
 
 from .devices import DTYPES
 from .families import adapter_for
@@ -18,16 +22,22 @@ from .families import adapter_for
 class Footprint:
     weight_bytes: int
     kv_bytes_per_token: int  # one row's cache grows by this per token
+    state_bytes_per_row: int = 0  # and holds this whatever its length (a hybrid's linear-attention layers)
+
+    def row_bytes(self, tokens: int) -> int:
+        """What a row of `tokens` cached tokens takes."""
+        return tokens * self.kv_bytes_per_token + self.state_bytes_per_row
 
 
 def kv_bytes_per_token(config, itemsize: int) -> int:
-    """A row's cache bytes per token: keys and values of every decoder layer. Multi-head latent
+    """A row's cache bytes per token: keys and values of every attention layer. Multi-head latent
     attention (DeepSeek's) caches full keys (`qk_nope_head_dim + qk_rope_head_dim`) and values
     (`v_head_dim`) per head in transformers; every other family `head_dim` per key-value head.
-    Layers without attention (linear-attention layers keep a fixed state) are counted as if they
-    had it: the budget errs on the safe side."""
+    Linear-attention layers (a hybrid's Gated DeltaNet layers) hold a fixed state instead
+    (`state_bytes_per_row`)."""
     text = config.get_text_config()
-    layers = text.num_hidden_layers
+    linear = LinearAttention.of(text.to_dict())
+    layers = text.num_hidden_layers - (linear.layers if linear else 0)
     if getattr(text, "qk_nope_head_dim", None):
         per_layer = text.num_attention_heads * (text.qk_nope_head_dim + text.qk_rope_head_dim + text.v_head_dim)
     else:
@@ -35,6 +45,13 @@ def kv_bytes_per_token(config, itemsize: int) -> int:
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         per_layer = 2 * heads * head_dim
     return layers * per_layer * itemsize
+
+
+def state_bytes_per_row(config, itemsize: int) -> int:
+    """A row's fixed state in the linear-attention layers (its recurrent states in fp32, its conv
+    windows in the model's dtype); 0 for a model without them."""
+    linear = LinearAttention.of(config.get_text_config().to_dict())
+    return linear.state_bytes_per_row(itemsize) if linear else 0
 
 
 def model_footprint(config, dtype: str, trust_remote_code: bool = False) -> Footprint:
@@ -47,7 +64,10 @@ def model_footprint(config, dtype: str, trust_remote_code: bool = False) -> Foot
     weights = sum(p.numel() for p in model.parameters()) * itemsize + sum(
         b.numel() * (itemsize if b.is_floating_point() else b.element_size()) for b in model.buffers()
     )
-    return Footprint(weight_bytes=weights, kv_bytes_per_token=kv_bytes_per_token(config, itemsize))
+    return Footprint(
+        weight_bytes=weights, kv_bytes_per_token=kv_bytes_per_token(config, itemsize),
+        state_bytes_per_row=state_bytes_per_row(config, itemsize),
+    )
 
 
 def prompt_tokens(model: str, model_type: str, image: Image.Image, prompt: str, trust_remote_code: bool = False) -> int:
