@@ -75,6 +75,19 @@ def test_a_linear_attention_layer_is_priced_by_its_fixed_state_and_its_work_per_
     assert memory.row_bytes(1000) == 1000 * hybrid.kv_bytes_per_token * 2 + memory.state_bytes_per_row
 
 
+def test_hsd_profile_computes_chandra_2s_analytic_profile(tmp_path, monkeypatch):
+    """Chandra 2's shapes (Qwen3.5-4B: 24 linear and 8 attention layers) on an H100, stored and
+    read back with its fixed state per row."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    stored = run_hsd("profile", "--analytic", "h100-bf16", "--random-weights", CHANDRA_2)
+    assert stored.exit_code == 0, stored.stderr
+    profile, shape = load_profile("qwen3_5_4b-h100-bf16"), ModelShape.of(architecture_config(CHANDRA_2))
+    assert 4.4e9 < shape.text_params + shape.vision_params < 4.7e9, "a 4B model"
+    assert (shape.linear.layers, shape.attention_layers) == (24, 8)
+    assert profile.memory.state_bytes_per_row == shape.state_bytes_per_row(2) > 0
+    assert profile.forward_s(1, 64, 4096) < 1.05 * profile.forward_s(1, 1, 4096), "one row is memory-bound"
+
+
 def test_the_linear_layers_tree_flops_are_the_tree_forms_own():
     """`LinearAttention.tree_flops` against the matrix products delta_tree.py runs (counted by
     torch) and its two triangular solves (nodes^2 per column, which torch does not count)."""

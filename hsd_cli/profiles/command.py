@@ -71,7 +71,7 @@ def profile(
     model: Annotated[str | None, typer.Option(help="Model id, local directory or replay model name (as hsd convert takes) to measure.")] = None,
     random_weights: Annotated[
         str | None,
-        typer.Option(help="Measure a real-size architecture with random weights instead: a name in configs/architectures (qwen2_5_vl_3b, qwen2_5_vl_7b) or a config.json."),
+        typer.Option(help="Measure a real-size architecture with random weights instead: a name in configs/architectures (qwen2_5_vl_3b, qwen2_5_vl_7b, qwen3_5_4b: Chandra 2's shapes) or a config.json."),
     ] = None,
     analytic: Annotated[
         str | None, typer.Option(help=f"Compute the profile for a device not present, from its published figures: {', '.join(DEVICES)}; or {THIS_CPU}, from what this CPU measures (to check the formulas here).")
