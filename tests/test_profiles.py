@@ -146,6 +146,15 @@ def test_profile_usage_errors(tmp_path):
     not_a_model = run_hsd("profile", "--model", str(tmp_path), "--rows", "1", "--nodes", "1")
     assert not_a_model.exit_code == 4 and not_a_model.stderr.startswith(f"error: cannot load model '{tmp_path}'")
     assert len(not_a_model.stderr.strip().splitlines()) == 1 and "Traceback" not in not_a_model.stderr
+    # Analytic: no such architecture, and a mixture of experts the formulas do not price.
+    absent = run_hsd("profile", "--analytic", "h100-bf16", "--random-weights", "qwen9_vl_1t")
+    assert absent.exit_code == 2 and "no architecture 'qwen9_vl_1t'" in absent.stderr
+    experts = architecture_config(HYBRID)
+    experts["text_config"].update(num_experts=4, moe_intermediate_size=64)
+    (tmp_path / "moe.json").write_text(json.dumps(experts))
+    moe = run_hsd("profile", "--analytic", "h100-bf16", "--random-weights", str(tmp_path / "moe.json"))
+    said = " ".join(moe.stderr.replace("│", " ").split())  # the error box wraps its lines
+    assert moe.exit_code == 2 and "text model is a mixture of experts" in said and "Traceback" not in moe.stderr
 
 
 NO_HOST = HostCost()

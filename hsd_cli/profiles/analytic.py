@@ -77,6 +77,11 @@ def measure_this_cpu(repeats: int = 3) -> DeviceSpec:
     )
 
 
+# What `ModelShape.of` reads of a text config and of a vision config.
+DENSE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+VISION_KEYS = ("hidden_size", "intermediate_size", "depth", "patch_size")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the analytic cost needs of a model's config."""
@@ -99,6 +104,12 @@ class ModelShape:
     @classmethod
     def of(cls, config: dict[str, Any]) -> ModelShape:
         text = config.get("text_config") or config
+        if text.get("num_experts"):
+            raise ValueError(f"{config.get('model_type')}'s text model is a mixture of experts: analytic profiles price dense "
+                             "decoders (a measured profile prices any: hsd profile --model)")
+        missing = [key for key in DENSE_KEYS if key not in text] + [key for key in VISION_KEYS if key not in config.get("vision_config", {})]
+        if missing:
+            raise ValueError(f"the config lacks {', '.join(missing)}: analytic profiles price Qwen-VL-style configs")
         hidden, layers, ffn = text["hidden_size"], text["num_hidden_layers"], text["intermediate_size"]
         heads, kv_heads = text["num_attention_heads"], text["num_key_value_heads"]
         head_dim = text.get("head_dim") or hidden // heads

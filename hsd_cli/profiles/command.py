@@ -102,11 +102,14 @@ def profile(
     from hsd_cli.models.tiny import architecture_config
 
     if analytic:
-        if random_weights:
-            config, name = architecture_config(random_weights), Path(random_weights).stem
-        else:
-            config, name = json.loads((Path(model) / "config.json").read_text()), Path(model).name
-        result = analytic_profile(analytic, name, config)
+        try:
+            if random_weights:
+                config, name = architecture_config(random_weights), Path(random_weights).stem
+            else:
+                config, name = json.loads((Path(model) / "config.json").read_text()), Path(model).name
+            result = analytic_profile(analytic, name, config)
+        except (OSError, ValueError) as exc:  # no such architecture or config.json; a config the formulas do not price
+            raise typer.BadParameter(str(exc), param_hint="--random-weights" if random_weights else "--model") from None
     else:
         grid = {"rows": _ints(rows, "--rows"), "nodes": _ints(nodes, "--nodes"), "contexts": _ints(contexts, "--contexts"),
                 "image_sides": _ints(image_sides, "--image-sides"),

@@ -4,8 +4,8 @@ cache as it was, and a commit must rebuild the accepted path's states. The famil
 tests (tokens and logits against `generate`, sampling, rows joining and leaving) run in the other
 files through `tiny_target`; here the maths, and the controls: a target that reads the tree as one
 sequence, and one whose commit keeps a rejected node's state, must fail the logits checks. The fast
-tier runs a whole decode with edited drafts and the one-sequence control on the tiny model (the
-family's own exactness suite is in the slow tier)."""
+tier runs a whole decode with edited drafts, the one-sequence control and the footprint of a row on
+the tiny model (the family's own exactness suite is in the slow tier)."""
 
 from contextlib import nullcontext
 from dataclasses import replace
@@ -18,6 +18,7 @@ from hsd_cli.decoding.hf_target import HFTarget, load_target
 from hsd_cli.decoding.hf_target.delta_tree import (
     NodeRecord, conv_sources, path_states, tree_conv, tree_gated_delta_rule, tree_parents,
 )
+from hsd_cli.decoding.hf_target.footprint import model_footprint
 from hsd_cli.decoding.hf_target.hybrid import UnknownLinearAttentionError, linear_attention_layers
 from hsd_cli.decoding.tree import batch_trees, tree_layout
 from hsd_cli.models.tiny_families import build_tiny_random
@@ -171,6 +172,22 @@ def test_edited_drafts_decode_the_hybrid_to_generates_tokens(hybrid, page_image)
     result = speculative(hybrid, page_image, drafts, replace(GREEDY, max_new_tokens=length))
     assert result.tokens == reference
     assert result.stats.accepted > length // 3, "the drafts did get used"
+
+
+def test_a_rows_cache_is_budgeted_as_attention_keys_and_values_and_fixed_linear_states(hybrid, page_image):
+    """The footprint's row: keys and values per token in the attention layers only, and the linear
+    layers' states whatever the length (a linear layer budgeted as attention over-budgets)."""
+    target = HFTarget(hybrid.model, hybrid.processor, hybrid.adapter, kv_store=None)
+    footprint = model_footprint(hybrid.model.config, "float32")
+    for prompt in ("Read.", "Transcribe every word of this page, please."):
+        state, _ = target.prefill(target.inputs([page_image], [prompt]))
+        held = [t for layer in state.cache.layers if hasattr(layer, "keys") for t in (layer.keys, layer.values)]
+        cached = sum(t.numel() * t.element_size() for t in held + linear_states(state))
+        assert cached == footprint.row_bytes(int(state.past_len[0]))
+    text = hybrid.model.config.text_config
+    attention = text.layer_types.count("full_attention")
+    assert 0 < attention < text.num_hidden_layers
+    assert footprint.kv_bytes_per_token == attention * 2 * text.num_key_value_heads * text.head_dim * 4
 
 
 def test_reading_the_tree_as_one_sequence_fails_the_logits_check(hybrid, page_image):
