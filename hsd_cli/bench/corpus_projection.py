@@ -137,8 +137,9 @@ def projected_seconds(
 
 def memory_rows(profile: Profile, pages: Sequence[CorpusPage], outputs: dict[str, list[int]]) -> int | None:
     """The rows the profile's device holds beside the weights (serving.rows.device_rows), each row
-    budgeted at the KV cache of a page's whole context (its prompt and its output) and its fixed state, the mean over
-    `pages`; None where the profile sets no memory (a CPU, a profile stored before)."""
+    budgeted at the KV cache of a page's whole context (its prompt and its output), the mean over
+    `pages`, and its fixed state (a hybrid's); None where the profile sets no memory (a CPU, a
+    profile stored before)."""
     from hsd_cli.serving.rows import device_rows
 
     if profile.memory is None:

@@ -87,9 +87,7 @@ class ModelShape:
     """What the analytic cost needs of a model's config."""
 
     text_params: int  # read once per forward: every decoder layer, the embedding and the output layer
-    layers: int
-    hidden: int
-    kv_bytes_per_token: int  # keys and values of the full-attention layers, per cached token (at 1 byte per value)
+    kv_bytes_per_token: int  # keys and values of the attention layers, per cached token (at 1 byte per value)
     vision_params: int
     vision_hidden: int
     vision_full_layers: int  # vision layers attending over the whole picture
@@ -107,7 +105,8 @@ class ModelShape:
         if text.get("num_experts"):
             raise ValueError(f"{config.get('model_type')}'s text model is a mixture of experts: analytic profiles price dense "
                              "decoders (a measured profile prices any: hsd profile --model)")
-        missing = [key for key in DENSE_KEYS if key not in text] + [key for key in VISION_KEYS if key not in config.get("vision_config", {})]
+        vision = config.get("vision_config") or {}
+        missing = [key for key in DENSE_KEYS if key not in text] + [f"vision {key}" for key in VISION_KEYS if key not in vision]
         if missing:
             raise ValueError(f"the config lacks {', '.join(missing)}: analytic profiles price Qwen-VL-style configs")
         hidden, layers, ffn = text["hidden_size"], text["num_hidden_layers"], text["intermediate_size"]
@@ -120,7 +119,6 @@ class ModelShape:
         attention = (2 + gate) * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
         mixing = full_layers * attention + (linear.layers * linear.layer_params(hidden) if linear else 0)
         embeddings = text["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
-        vision = config["vision_config"]
         v_hidden, v_ffn, v_depth = vision["hidden_size"], vision["intermediate_size"], vision["depth"]
         merge = vision.get("spatial_merge_size", 2)
         merger = (v_hidden * merge**2) ** 2 + v_hidden * merge**2 * vision.get("out_hidden_size", hidden)
@@ -134,8 +132,6 @@ class ModelShape:
         v_full_layers = len(vision["fullatt_block_indexes"]) if window else v_depth
         return cls(
             text_params=mixing + layers * 3 * hidden * ffn + embeddings,
-            layers=layers,
-            hidden=hidden,
             kv_bytes_per_token=2 * full_layers * kv_heads * head_dim,
             vision_params=v_depth * (4 * v_hidden**2 + v_mlp) + merger + embedding,
             vision_hidden=v_hidden,
@@ -154,6 +150,7 @@ class ModelShape:
         return self.linear.state_bytes_per_row(width) if self.linear else 0
 
     def linear_flops(self, rows: int, nodes: int) -> float:
+        """The linear layers' work over `rows` trees of `nodes` each (none without them)."""
         return rows * self.linear.tree_flops(nodes) if self.linear else 0.0
 
 
@@ -165,8 +162,8 @@ def analytic_forward_s(shape: ModelShape, device: DeviceSpec, rows: int, nodes: 
     width = _DTYPE_BYTES[device.dtype]
     read = (shape.text_params * width + rows * (context + nodes) * shape.kv_bytes_per_token * width
             + rows * 2 * shape.state_bytes_per_row(width))
-    flops = (2 * shape.text_params * rows * nodes + 4 * shape.attention_layers * shape.attention_width * rows * nodes * (context + nodes)
-             + shape.linear_flops(rows, nodes))
+    attention = 4 * shape.attention_layers * shape.attention_width * rows * nodes * (context + nodes)
+    flops = 2 * shape.text_params * rows * nodes + attention + shape.linear_flops(rows, nodes)
     memory_s = read / (device.memory_bandwidth * device.bandwidth_efficiency)
     compute_s = flops / (device.peak_flops * device.flops_efficiency)
     return max(memory_s, compute_s) + device.forward_overhead_s
@@ -182,8 +179,9 @@ def analytic_prefill_s(shape: ModelShape, device: DeviceSpec, image_side: int, p
     vision_attention = 4 * shape.vision_hidden * patches * (
         shape.vision_full_layers * patches + shape.vision_window_layers * shape.window_patches
     )
+    chunks = -(-tokens // PREFILL_CHUNK)
     flops = (2 * shape.vision_params * patches + vision_attention + 2 * shape.text_params * tokens
-             + 4 * shape.attention_layers * shape.attention_width * tokens**2 + shape.linear_flops(-(-tokens // PREFILL_CHUNK), PREFILL_CHUNK))
+             + 4 * shape.attention_layers * shape.attention_width * tokens**2 + shape.linear_flops(chunks, PREFILL_CHUNK))
     compute_s = flops / (device.peak_flops * device.flops_efficiency)
     memory_s = (shape.text_params + shape.vision_params) * _DTYPE_BYTES[device.dtype] / (device.memory_bandwidth * device.bandwidth_efficiency)
     return tokens, max(compute_s, memory_s) + 2 * device.forward_overhead_s
