@@ -16,7 +16,7 @@ from hsd_cli.models.tiny import architecture_config
 from hsd_cli.models.tiny_families import build_tiny_random
 from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile, load_profile, square_side
 from hsd_cli.profiles.analytic import DEVICES, ModelShape, analytic_forward_s, analytic_prefill_s, analytic_profile
-from hsd_cli.profiles.layer_mix import LinearAttention
+from hsd_cli.decoding.layer_mix import LinearAttention
 from hsd_cli.profiles.measured import fit_host
 from tests.conftest import run_hsd
 

@@ -9,7 +9,7 @@ from time import perf_counter
 from typing import Any
 
 from hsd_cli.profiles import DeviceMemory, ForwardCost, HostCost, PrefillCost, Profile
-from hsd_cli.profiles.layer_mix import LinearAttention, attention_layers
+from hsd_cli.decoding.layer_mix import LinearAttention, attention_layers
 
 # Continuous batching holds hundreds of rows on a GPU, and the load sizer prices every width.
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

@@ -2,7 +2,7 @@
 model built on the meta device), the KV cache's bytes per token of a row (from its text config, in
 the layout cache.py keeps: every layer's keys and values, per key-value head), the tokens of a
 prompt (its processor), and the device's memory; a hybrid's linear-attention layers hold a fixed
-state per row instead of keys and values (profiles/layer_mix.py). `serving.rows` budgets rows in
+state per row instead of keys and values (decoding/layer_mix.py). `serving.rows` budgets rows in
 flight with them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from hsd_cli.profiles.layer_mix import LinearAttention
+from ..layer_mix import LinearAttention
 
 from .devices import DTYPES
 from .families import adapter_for

@@ -2,10 +2,11 @@
 with the context, and Gated DeltaNet linear-attention layers (Qwen3.5's `layer_types`
 "linear_attention"), which hold a fixed state per row and do per-node work in a tree forward.
 
-The analytic profiles (analytic.py) and the memory footprint (decoding/hf_target/footprint.py)
-price a model with these, so that neither treats a linear layer as attention. Plain dicts only:
-the footprint passes its config's `to_dict()`. The tree form's maths is
-decoding/hf_target/delta_tree.py; formulas in docs/method.md, "Cost profiles".
+The memory footprint (hf_target/footprint.py) and the analytic profiles (profiles/analytic.py)
+price a model with these, so that neither treats a linear layer as attention. Plain dicts only, no
+torch (the analytic profiles are computed without it): the footprint passes its config's
+`to_dict()`. The tree form's maths is hf_target/delta_tree.py; formulas in docs/method.md, "Cost
+profiles".
 """
 
 from __future__ import annotations
