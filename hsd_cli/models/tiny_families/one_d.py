@@ -1,5 +1,5 @@
-"""Tiny recipes of the families with 1-D positions (Idefics3, LightOnOCR, Qianfan-OCR, GOT-OCR
-2.0): the shared two-layer text model as the family's own text model type, without M-RoPE."""
+"""Tiny recipes of the families with 1-D positions (Idefics3, LightOnOCR, Mistral3, Qianfan-OCR,
+GOT-OCR 2.0): the shared two-layer text model as the family's own text model type, without M-RoPE."""
 
 from __future__ import annotations
 
@@ -61,6 +61,18 @@ def _lighton_ocr_processor(tokenizer, config):
     )
 
 
+def _mistral3(tokenizer, tokens, text, common):
+    from transformers import Mistral3Config
+
+    # LightOnOCR-2's layout: LightOnOCR's Pixtral tower and Qwen3 text model (tied embeddings) as a
+    # Mistral3 model, whose patch merger and projector differ from LightOnOCR's.
+    lighton = _lighton_ocr(tokenizer, tokens, text, common)
+    return Mistral3Config(
+        text_config=lighton.text_config.to_dict(), vision_config=lighton.vision_config.to_dict(),
+        image_token_index=common["image_token_id"], spatial_merge_size=lighton.spatial_merge_size,
+    )
+
+
 def _qianfan_ocr(tokenizer, tokens, text, common):
     from transformers import QianfanOCRConfig
 
@@ -107,6 +119,8 @@ def _got_ocr2_processor(tokenizer, config):
 RECIPES = {
     "idefics3": TinyRecipe(_idefics3, _idefics3_processor, IDEFICS3_TOKENS),
     "lighton_ocr": TinyRecipe(_lighton_ocr, _lighton_ocr_processor, LIGHTON_OCR_TOKENS),
+    # LightOnOCR-2's processor is LightOnOCR's: image tokens without row breaks.
+    "mistral3": TinyRecipe(_mistral3, _lighton_ocr_processor, LIGHTON_OCR_TOKENS),
     "qianfan_ocr": TinyRecipe(_qianfan_ocr, _qianfan_ocr_processor, QIANFAN_OCR_TOKENS),
     "got_ocr2": TinyRecipe(_got_ocr2, _got_ocr2_processor, GOT_OCR2_TOKENS),
 }

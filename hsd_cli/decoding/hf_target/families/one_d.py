@@ -1,5 +1,5 @@
 """Families with plain 1-D positions: Idefics3 (SmolDocling, granite-docling), LightOnOCR,
-Qianfan-OCR, GOT-OCR 2.0."""
+Mistral3 (LightOnOCR-2), Qianfan-OCR, GOT-OCR 2.0."""
 
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ class LightOnOcrAdapter(FamilyAdapter):
     AutoProcessor's processor (its image processor falls back to PIL without torchvision)."""
 
     model_types = ("lighton_ocr",)
+
+
+class Mistral3Adapter(FamilyAdapter):
+    """Mistral3 (LightOnOCR-2, Mistral Small 3.x): a Pixtral vision encoder and patch merger over
+    a text model with plain 1-D positions (Qwen3 in LightOnOCR-2); AutoProcessor's processor (the
+    checkpoint's own, or PixtralProcessor; its image processor falls back to PIL without
+    torchvision). Images add break and end tokens to the image tokens, as in LightOnOCR."""
+
+    model_types = ("mistral3",)
 
 
 class QianfanOcrAdapter(FamilyAdapter):
