@@ -1,4 +1,4 @@
-"""Tiny recipes of the families with 1-D positions (Idefics3, LightOnOCR, Mistral3, Qianfan-OCR,
+"""Tiny recipes of the families with 1-D positions (Idefics3, Granite-Docling, LightOnOCR, Mistral3, Qianfan-OCR,
 GOT-OCR 2.0): the shared two-layer text model as the family's own text model type, without M-RoPE."""
 
 from __future__ import annotations
@@ -33,6 +33,31 @@ def _idefics3_processor(tokenizer, config):
     side = {"longest_edge": config.vision_config.image_size}
     image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side)
     return Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
+
+
+def _granite_docling(tokenizer, tokens, text, common):
+    from transformers import GraniteDoclingConfig
+
+    # 32-pixel tiles of 8-pixel patches: 16 patches, pixel-shuffled by 2 to 4 tokens a tile (the
+    # fine path, by 1, to 16); DeepStack features from both vision layers into the first two text layers.
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
+        scale_factor=2, out_hidden_size=text["hidden_size"], deepstack_visual_indexes=[0, 1],
+    )
+    granite = dict(_one_d(text, "granite_docling_text"), embedding_multiplier=2.0, logits_scaling=2.0, residual_multiplier=0.5)
+    del granite["head_dim"]
+    return GraniteDoclingConfig(text_config=granite, vision_config=vision, image_token_id=common["image_token_id"], tie_word_embeddings=False)
+
+
+def _granite_docling_processor(tokenizer, config):
+    from transformers import GraniteDoclingProcessor
+    from transformers.models.granite_docling.image_processing_pil_granite_docling import GraniteDoclingImageProcessorPil
+
+    # Pages split into 2 or 3 tiles of the vision tower's size and a thumbnail: 12 or 16 image
+    # tokens, tagged by row and column as the real processor tags them.
+    side = config.vision_config.image_size
+    image_processor = GraniteDoclingImageProcessorPil(size={"height": side, "width": side}, min_patches=2, max_patches=3)
+    return GraniteDoclingProcessor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
 
 
 def _lighton_ocr(tokenizer, tokens, text, common):
@@ -118,6 +143,7 @@ def _got_ocr2_processor(tokenizer, config):
 
 RECIPES = {
     "idefics3": TinyRecipe(_idefics3, _idefics3_processor, IDEFICS3_TOKENS),
+    "granite_docling": TinyRecipe(_granite_docling, _granite_docling_processor, IDEFICS3_TOKENS),
     "lighton_ocr": TinyRecipe(_lighton_ocr, _lighton_ocr_processor, LIGHTON_OCR_TOKENS),
     # LightOnOCR-2's processor is LightOnOCR's: image tokens without row breaks.
     "mistral3": TinyRecipe(_mistral3, _lighton_ocr_processor, LIGHTON_OCR_TOKENS),

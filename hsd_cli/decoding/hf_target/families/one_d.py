@@ -1,5 +1,5 @@
-"""Families with plain 1-D positions: Idefics3 (SmolDocling, granite-docling), LightOnOCR,
-Mistral3 (LightOnOCR-2), Qianfan-OCR, GOT-OCR 2.0."""
+"""Families with plain 1-D positions: Idefics3 (SmolDocling, granite-docling-258M),
+Granite-Docling (granite-for-docling), LightOnOCR, Mistral3 (LightOnOCR-2), Qianfan-OCR, GOT-OCR 2.0."""
 
 from __future__ import annotations
 
@@ -34,6 +34,28 @@ class Idefics3Adapter(FamilyAdapter):
 
     def processor_images(self, images: Sequence[Image.Image | None]):
         return [[im] if im is not None else [] for im in images] if any(im is not None for im in images) else None
+
+
+class GraniteDoclingAdapter(Idefics3Adapter):
+    """Granite-Docling's model type of transformers 5.23 (granite-for-docling): Idefics3's layout
+    (512-pixel tiles and a thumbnail, tagged by row and column) over a Granite text model with
+    plain 1-D positions, with DeepStack vision features added at the image tokens during the
+    prefill only. Pages take the processor's default (coarse) connector path, as `generate` does
+    unless the caller routes them to the fine one. (granite-docling-258M is model type idefics3.)"""
+
+    model_types = ("granite_docling",)
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoTokenizer, GraniteDoclingProcessor
+        from transformers.models.granite_docling.image_processing_pil_granite_docling import GraniteDoclingImageProcessorPil
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config_file = model_file(path, "processor_config.json")
+        settings = json.loads(config_file.read_text()) if config_file is not None else {}
+        return GraniteDoclingProcessor(
+            GraniteDoclingImageProcessorPil.from_pretrained(path), tokenizer,
+            image_seq_len=settings.get("image_seq_len", 64), chat_template=processor_chat_template(path) or tokenizer.chat_template,
+        )
 
 
 class LightOnOcrAdapter(FamilyAdapter):
