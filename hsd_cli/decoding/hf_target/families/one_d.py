@@ -74,6 +74,15 @@ class Mistral3Adapter(FamilyAdapter):
     model_types = ("mistral3",)
 
 
+class Granite4VisionAdapter(FamilyAdapter):
+    """Granite 4 Vision: LLaVA-NeXT's tiled images through windowed Q-Former downsamplers over a
+    Granite text model with plain 1-D positions; DeepStack and spatial vision features are added
+    at the image tokens during the prefill only. AutoProcessor's processor (its LLaVA-NeXT image
+    processor falls back to PIL without torchvision)."""
+
+    model_types = ("granite4_vision",)
+
+
 class QianfanOcrAdapter(FamilyAdapter):
     """Qianfan-OCR: an InternVL-style vision encoder (448-pixel tiles, pixel shuffle, an MLP
     projector) over a Qwen3 text model with plain 1-D positions; AutoProcessor's processor (its
