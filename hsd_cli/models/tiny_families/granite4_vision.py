@@ -11,7 +11,9 @@ from hsd_cli.models.tiny_tokens import IDEFICS3_TOKENS
 def _granite4_vision(tokenizer, tokens, text, common):
     from transformers import Granite4VisionConfig
 
-    granite = dict(text, model_type="granite4_vision_text", embedding_multiplier=2.0, logits_scaling=2.0, residual_multiplier=0.5)
+    # Granite's multipliers, with logits unscaled: at the other families' scale, so that the
+    # logits-rule tests' bigram bonus and penalties reorder tokens as they do there.
+    granite = dict(text, model_type="granite4_vision_text", embedding_multiplier=2.0, logits_scaling=1.0, residual_multiplier=0.5)
     del granite["rope_parameters"], granite["head_dim"]
     # 32-pixel tiles of 8-pixel patches: a 4 x 4 grid, 2 x 2 after the "1/2" downsampler. The
     # Q-Former's heads are the vision width / 64, so the vision width is 64.
