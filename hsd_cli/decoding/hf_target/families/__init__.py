@@ -10,6 +10,7 @@ from .deepseek_ocr2 import DeepseekOcr2Adapter
 from .kosmos2_5 import Kosmos25Adapter
 from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter, Qwen35Adapter
 from .one_d import GotOcr2Adapter, Idefics3Adapter, LightOnOcrAdapter, QianfanOcrAdapter, got_ocr2_image_tokens
+from .one_d import Granite4VisionAdapter, GraniteDoclingAdapter, Mistral3Adapter
 
 __all__ = ["ADAPTERS", "IMAGE_FIRST", "REFUSED", "ChatLayout", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
 
@@ -19,6 +20,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
         Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), Qwen35Adapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
         Idefics3Adapter(), LightOnOcrAdapter(), QianfanOcrAdapter(), GotOcr2Adapter(),
         Kosmos25Adapter(), DeepseekOcr2Adapter(),
+        Mistral3Adapter(), GraniteDoclingAdapter(), Granite4VisionAdapter(),
     )
     for t in a.model_types
 }
