@@ -109,7 +109,8 @@ def readme_model_tables() -> tuple[dict[str, dict[str, str]], dict[str, dict[str
         header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()]
         tables.append({row[0].strip("`"): dict(zip(header, row)) for row in rows})
     served = next(t for t in tables if all("model ids" in row for row in t.values()))
-    refused = next(t for t in tables if all(any(column.startswith("text model") for column in row) for row in t.values()))
+    # No table of refused families while hsd refuses none.
+    refused = next((t for t in tables if all(any(column.startswith("text model") for column in row) for row in t.values())), {})
     return served, refused
 
 
