@@ -35,14 +35,24 @@ class TokenTree:
 
     @classmethod
     def chain(cls, root: int, tokens: Sequence[int], evidence: int = 0) -> TokenTree:
-        return cls((root, *tokens), tuple(range(-1, len(tokens))), evidence)
+        return cls.built((root, *tokens), range(-1, len(tokens)), evidence)
+
+    @classmethod
+    def built(cls, tokens: Sequence[int], parents: Sequence[int], evidence: int = 0) -> TokenTree:
+        """A tree whose builder lays parents before their children by construction (chains, tries,
+        a tree's first nodes), without the check: a proposer builds one every step of every row."""
+        tree = object.__new__(cls)
+        object.__setattr__(tree, "tokens", tuple(tokens))
+        object.__setattr__(tree, "parents", tuple(parents))
+        object.__setattr__(tree, "evidence", evidence)
+        return tree
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def first(self, size: int) -> TokenTree:
         """The tree of its first `size` nodes (a tree again: parents precede their children)."""
-        return self if size >= len(self) else TokenTree(self.tokens[:size], self.parents[:size], self.evidence)
+        return self if size >= len(self) else TokenTree.built(self.tokens[:size], self.parents[:size], self.evidence)
 
 
 @dataclass(frozen=True)

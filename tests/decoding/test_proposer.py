@@ -5,6 +5,7 @@ from hsd_cli.decoding.proposer import (
     ProposerConfig,
     TextDraftProposer,
     build_trie,
+    node_source,
     normalise,
 )
 from hsd_cli.decoding.tree import tree_layout
@@ -12,6 +13,20 @@ from hsd_cli.decoding.tree import tree_layout
 
 def children_of(tree, node):
     return [tree.tokens[i] for i, p in enumerate(tree.parents) if p == node]
+
+
+def path_to(tree, node):
+    """The tokens below the root down to `node`."""
+    tokens = []
+    while node > 0:
+        tokens.append(tree.tokens[node])
+        node = tree.parents[node]
+    return tokens[::-1]
+
+
+def sources_of(tree, continuations):
+    """Every node's draft position, as a proposer looks up the one its step accepted."""
+    return [node_source(continuations, path_to(tree, node)) for node in range(len(tree))]
 
 
 def test_unique_match_proposes_rest_of_draft_as_capped_chain():
@@ -59,13 +74,10 @@ def test_trie_respects_depth_and_budget_and_parents_precede_children():
 
 
 def test_best_first_flattening_goes_deep_on_the_best_continuation():
-    tree, sources = build_trie(
-        0,
-        [Continuation([1, 2, 3, 4], 1, (0, 10)), Continuation([5, 6, 7, 8], 9, (1, 20))],
-        budget=5,
-    )
+    continuations = [Continuation([1, 2, 3, 4], 1, (0, 10)), Continuation([5, 6, 7, 8], 9, (1, 20))]
+    tree = build_trie(0, continuations, budget=5)
     assert tree.tokens == (0, 5, 6, 7, 8, 1)
-    assert sources == [None, (1, 20), (1, 21), (1, 22), (1, 23), (0, 10)]
+    assert sources_of(tree, continuations) == [None, (1, 20), (1, 21), (1, 22), (1, 23), (0, 10)]
 
 
 def test_resynchronises_after_a_substitution_in_the_draft():
@@ -167,15 +179,16 @@ def test_trie_takes_nodes_by_score_then_sharing_and_keeps_the_best_continuations
         Continuation([1, 5], 7, (2, 30)),
         Continuation([6], 5, (0, 40)),
     ]
-    tree, sources = build_trie(9, continuations, budget=10)
+    tree = build_trie(9, continuations, budget=10)
+    sources = sources_of(tree, continuations)
     # 1 (best score, 7) -> 5 (7); then 2 (score 5, shared by two) before 6 (5, alone); 3 and 4 last
     assert tree.tokens == (9, 1, 5, 2, 6, 3, 4)
     assert tree.parents == (-1, 0, 1, 1, 0, 3, 3)
     assert tree.evidence == 7
     assert sources == [None, (2, 30), (2, 31), (0, 11), (0, 40), (0, 12), (1, 22)]
-    cut, cut_sources = build_trie(9, continuations, budget=3)
-    assert cut.tokens == (9, 1, 5, 2) and cut_sources == sources[:4]
-    assert build_trie(9, [], budget=10)[0].tokens == (9,)
+    cut = build_trie(9, continuations, budget=3)
+    assert cut.tokens == (9, 1, 5, 2) and sources_of(cut, continuations) == sources[:4]
+    assert build_trie(9, [], budget=10).tokens == (9,)
 
 
 def test_the_output_so_far_is_a_draft_too():
