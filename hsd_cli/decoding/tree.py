@@ -149,11 +149,14 @@ def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0, width: int | Non
     # Every row laid out as a chain (a lower triangle of its own nodes), then the branching rows
     # from their nodes' ancestor bits, converted all at once.
     node = np.arange(width)
-    ancestors = (node[:, None] >= node) & valid[:, :, None] | (node[:, None] == node)
-    depths = np.where(valid, node, 0)
     branching = np.flatnonzero(((parents != node - 1) & valid).any(1))
-    if branching.size:
-        ancestors[branching], depths[branching] = branching_layout(parents[branching], valid[branching])
+    if branching.size == count:  # no chain to lay out apart
+        ancestors, depths = branching_layout(parents, valid)
+    else:
+        ancestors = (node[:, None] >= node) & valid[:, :, None] | (node[:, None] == node)
+        depths = np.where(valid, node, 0)
+        if branching.size:
+            ancestors[branching], depths[branching] = branching_layout(parents[branching], valid[branching])
     return TreeBatch(*(torch.from_numpy(a) for a in (tokens, parents, depths, ancestors, valid)))
 
 
@@ -163,16 +166,15 @@ def branching_layout(parents: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray
     step's Python work grows with its width, not with its rows' nodes. Padding nodes see only
     themselves, at depth 0."""
     count, width = parents.shape
-    rows, node = np.arange(count), np.arange(width)
-    ancestors = np.zeros((count, width, width), dtype=bool)
-    ancestors[:, node, node] = True
-    depths = np.zeros((count, width), dtype=np.int64)
-    above = parents.clip(min=0)
+    rows, node = np.arange(count)[:, None], np.arange(width)
+    ancestors = np.zeros((width, count, width), dtype=bool)  # node-major: a column's rows are one block
+    ancestors[node, :, node] = True
+    # A padding node (and the root) is its own parent here: taking its own row changes nothing.
+    above = np.where(valid & (parents >= 0), parents, node).T
     for column in range(1, width):
-        inherited = ancestors[rows, above[:, column]] & valid[:, column, None]
-        ancestors[:, column] |= inherited
-        depths[:, column] = np.where(valid[:, column], depths[rows, above[:, column]] + 1, 0)
-    return ancestors, depths
+        ancestors[column] |= ancestors[above[column], rows[:, 0]]
+    ancestors = np.ascontiguousarray(ancestors.transpose(1, 0, 2))
+    return ancestors, ancestors.sum(2) - 1
 
 
 def _one_tree_batch(tree: TokenTree) -> TreeBatch:

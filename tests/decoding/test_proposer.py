@@ -217,3 +217,45 @@ def test_start_forgets_the_previous_sequences_output_but_keeps_the_drafts():
     proposer.start()
     assert proposer.propose([9, 1, 2]).tokens == (2,), "the last sequence's output is no draft of this one"
     assert proposer.propose([9, 1, 2, 4, 5]).tokens == (5, 6)
+
+
+def best_first_one_node_at_a_time(root, continuations, budget):
+    """`build_trie`'s order spelt out: a heap of (-score, -continuations through the node, serial)
+    popped one node at a time, with a node's children grouped when it is taken."""
+    import heapq
+
+    tokens, parents, frontier, serial = [root], [-1], [], 0
+
+    def push_children(through, depth, index):
+        nonlocal serial
+        children = {}
+        for item in through:
+            if depth < len(item.tokens):
+                children.setdefault(item.tokens[depth], []).append(item)
+        for token, sharing in children.items():
+            heapq.heappush(frontier, (-sharing[0].score, -len(sharing), serial, index, token, sharing, depth + 1))
+            serial += 1
+
+    push_children(sorted(continuations, key=lambda c: -c.score), 0, 0)
+    while frontier and len(tokens) <= budget:
+        _, _, _, parent, token, sharing, depth = heapq.heappop(frontier)
+        tokens.append(token)
+        parents.append(parent)
+        push_children(sharing, depth, len(tokens) - 1)
+    return tuple(tokens), tuple(parents)
+
+
+def test_trie_is_the_best_first_heaps_node_for_node_on_random_continuations():
+    # Few distinct tokens: continuations share prefixes, end at every depth and tie on scores,
+    # so every way `build_trie` takes several nodes at once is met.
+    import random
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        continuations = [
+            Continuation([rng.randint(0, 3) for _ in range(rng.randint(0, 8))], rng.choice([1, 1, 2, 5]), (0, rng.randint(0, 50)))
+            for _ in range(rng.randint(0, 6))
+        ]
+        budget = rng.randint(0, 20)
+        tree = build_trie(9, continuations, budget)
+        assert (tree.tokens, tree.parents) == best_first_one_node_at_a_time(9, continuations, budget), (continuations, budget)

@@ -1,3 +1,4 @@
+import numpy as np
 import torch
 
 from hsd_cli.decoding.tree import TokenTree, batch_trees
@@ -14,6 +15,7 @@ from hsd_cli.decoding.verify import (
     relax_path,
     sample_tokens,
     verify_trees,
+    walked_picks,
 )
 
 #        0 (root 10)
@@ -211,3 +213,18 @@ def test_near_lossless_takes_the_closest_child_the_rule_allows():
     not_two = NearLossless(0.75, lambda output, draft, pick: draft != 2)
     assert relaxed_walk(tokens, parents, logits, not_two) == StepOutcome([0, 2], 5, relaxed=1)
     assert relaxed_walk(tokens, parents, logits, ANYWHERE).path == [0, 1]
+
+
+def test_greedy_verification_takes_the_argmax_only_where_the_walk_may_go():
+    # Row 0's root pick (11) is its first child's: its whole tree is read. Row 1's (42) is no
+    # child's: its root's pick is the bonus and its other nodes are never argmaxed.
+    trees = batch_trees([TokenTree((5, 11, 12), (-1, 0, 1)), TokenTree((6, 13, 14, 15), (-1, 0, 1, 0))])
+    logits = torch.zeros(7, 50)
+    for node, token in enumerate([11, 12, 30, 42, 14, 1, 2]):
+        logits[node, token] = 1.0
+    picks = walked_picks(trees, logits)
+    assert picks[0].tolist() == [11, 12, 30, 0] and picks[1].tolist() == [42, 0, 0, 0]
+    outcomes = verify_trees(trees, logits, [0, 1], [3, 3], [SamplingConfig()] * 2)
+    assert outcomes == [StepOutcome([0, 1, 2], 30), StepOutcome([0], 42)]
+    everywhere = accept_paths(trees, torch.from_numpy(np.array([[11, 12, 30, 0], [42, 14, 1, 2]])))
+    assert outcomes == everywhere
