@@ -302,7 +302,8 @@ class DraftProposer:
             self._copied = (draft, position)
             return self._tree
         depth = self.config.trie_depth
-        best = sorted(scored, key=lambda item: -item[2])[: self.config.trie_continuations]
+        # `build_trie` ranks them by score stably: sorted here only where some are left out.
+        best = scored if len(scored) <= self.config.trie_continuations else sorted(scored, key=lambda item: -item[2])[: self.config.trie_continuations]
         continuations = [Continuation(self._lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
         if self._stop is not None:
             draft, position = self._stop
@@ -311,7 +312,8 @@ class DraftProposer:
                 Continuation(self._lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
                 Continuation(self._lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
             ]
-        self._tree, self._copied = build_trie(root, continuations, self._trie_budget()), continuations
+        self._tree = build_trie(root, continuations, self._trie_budget()) if continuations else root_alone(root)
+        self._copied = continuations
         return self._tree
 
     def _trie_budget(self) -> int:

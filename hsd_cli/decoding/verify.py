@@ -133,35 +133,13 @@ def verify_trees(
     position emitted[b] + d; `rows` are the rows' keys for sampling, `samplings` each row's rule.
     """
     if all(sampling.greedy for sampling in samplings):
-        return accept_paths(trees, torch.from_numpy(walked_picks(trees, logits)))
+        picks = np.zeros(tuple(trees.valid.shape), dtype=np.int64)
+        picks[trees.valid.numpy()] = greedy_picks(logits).numpy()
+        return accept_paths(trees, torch.from_numpy(picks))
     return [
         sample_and_match(trees.tokens[b].tolist(), trees.parents[b].tolist(), node_logits, sampling, row, emitted[b])
         for b, (row, sampling, node_logits) in enumerate(zip(rows, samplings, row_logits(trees, logits)))
     ]
-
-
-def walked_picks(trees: TreeBatch, logits: torch.Tensor) -> np.ndarray:
-    """(B, K) the target's argmax at every node a greedy walk may reach (0 elsewhere): each root's,
-    then every node of the rows where a child of the root carries it. In a row where none does,
-    the root's pick is the bonus and no other node is walked; an argmax over the vocabulary at
-    every node is a verifying step's largest host cost, and a wrong first draft token ends many
-    rows' walks."""
-    valid = trees.valid.numpy()
-    picks = np.zeros(valid.shape, dtype=np.int64)
-    sizes = valid.sum(1)
-    roots = np.cumsum(sizes) - sizes  # each row's root among the valid nodes' logits
-    if len(roots) == len(logits):  # roots alone (a plain step)
-        picks[:, 0] = greedy_picks(logits).numpy()
-        return picks
-    picks[:, 0] = greedy_picks(logits[torch.from_numpy(roots).to(logits.device)]).numpy()
-    goes_on = ((trees.parents.numpy() == 0) & (trees.tokens.numpy() == picks[:, :1])).any(1)  # padding's parent is -1
-    if goes_on.all():
-        picks[valid] = greedy_picks(logits).numpy()
-    elif goes_on.any():
-        walked = valid & goes_on[:, None]
-        walked[:, 0] = False
-        picks[walked] = greedy_picks(logits[torch.from_numpy(walked[valid]).to(logits.device)]).numpy()
-    return picks
 
 
 def sample_and_match(

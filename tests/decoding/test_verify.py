@@ -1,4 +1,3 @@
-import numpy as np
 import torch
 
 from hsd_cli.decoding.tree import TokenTree, batch_trees
@@ -13,9 +12,9 @@ from hsd_cli.decoding.verify import (
     keyed_sample,
     processed_probs,
     relax_path,
+    sample_and_match,
     sample_tokens,
     verify_trees,
-    walked_picks,
 )
 
 #        0 (root 10)
@@ -215,16 +214,30 @@ def test_near_lossless_takes_the_closest_child_the_rule_allows():
     assert relaxed_walk(tokens, parents, logits, ANYWHERE).path == [0, 1]
 
 
-def test_greedy_verification_takes_the_argmax_only_where_the_walk_may_go():
-    # Row 0's root pick (11) is its first child's: its whole tree is read. Row 1's (42) is no
-    # child's: its root's pick is the bonus and its other nodes are never argmaxed.
-    trees = batch_trees([TokenTree((5, 11, 12), (-1, 0, 1)), TokenTree((6, 13, 14, 15), (-1, 0, 1, 0))])
-    logits = torch.zeros(7, 50)
-    for node, token in enumerate([11, 12, 30, 42, 14, 1, 2]):
-        logits[node, token] = 1.0
-    picks = walked_picks(trees, logits)
-    assert picks[0].tolist() == [11, 12, 30, 0] and picks[1].tolist() == [42, 0, 0, 0]
-    outcomes = verify_trees(trees, logits, [0, 1], [3, 3], [SamplingConfig()] * 2)
-    assert outcomes == [StepOutcome([0, 1, 2], 30), StepOutcome([0], 42)]
-    everywhere = accept_paths(trees, torch.from_numpy(np.array([[11, 12, 30, 0], [42, 14, 1, 2]])))
-    assert outcomes == everywhere
+def test_greedy_outcomes_are_the_walk_from_each_root_down_the_children_that_carry_the_picks():
+    # Logits that mostly pick a child's token, so walks go deep as well as ending at the root, in
+    # chains, tries and padded rows; `sample_and_match`'s walk, with the argmax, is the reference.
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        trees = []
+        for _ in range(rng.randint(1, 5)):
+            size = rng.randint(1, 12)
+            parents = [-1] + [rng.choice([node - 1, node - 1, rng.randrange(node)]) for node in range(1, size)]
+            tokens = [rng.randrange(6)]
+            for node in range(1, size):  # a node's children carry distinct tokens, as in tries and chains
+                taken = {tokens[kid] for kid in range(1, node) if parents[kid] == parents[node]}
+                tokens.append(rng.choice([token for token in range(12) if token not in taken]))
+            trees.append(TokenTree(tuple(tokens), tuple(parents)))
+        batch = batch_trees(trees)
+        node_picks = []
+        for tree in trees:
+            for node in range(len(tree)):
+                children = [tree.tokens[kid] for kid in range(len(tree)) if tree.parents[kid] == node]
+                node_picks.append(rng.choice(children) if children and rng.random() < 0.8 else rng.randrange(12))
+        logits = torch.nn.functional.one_hot(torch.tensor(node_picks), 12).float()
+        rows, walks = len(trees), []
+        for row, (tree, tree_logits) in enumerate(zip(trees, logits.split([len(tree) for tree in trees]))):
+            walks.append(sample_and_match(tree.tokens, tree.parents, tree_logits, SamplingConfig(), row, 3))
+        assert verify_trees(batch, logits, list(range(rows)), [3] * rows, [SamplingConfig()] * rows) == walks
