@@ -156,7 +156,7 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
             # Where the continuations through the node go on alike, its one child would be pushed
             # with this key and a larger serial than any waiting, so popped next, and so on down
             # their common tokens: take them at once (commonprefix compares any sequences).
-            rest = commonprefix([c.tokens[depth : depth + budget + 1 - len(tokens)] for c in sharing])
+            rest = commonprefix([list(c.tokens[depth : depth + budget + 1 - len(tokens)]) for c in sharing])
             first = len(tokens)
             tokens.extend(rest)
             parents.extend(range(first - 1, first - 1 + len(rest)))

@@ -253,9 +253,9 @@ def test_trie_is_the_best_first_heaps_node_for_node_on_random_continuations():
     rng = random.Random(7)
     for _ in range(3000):
         continuations = [
-            Continuation([rng.randint(0, 3) for _ in range(rng.randint(0, 8))], rng.choice([1, 1, 2, 5]), (0, rng.randint(0, 50)))
+            Continuation(rng.choice([list, tuple])(rng.randint(0, 3) for _ in range(rng.randint(0, 8))), rng.choice([1, 1, 2, 5]), (0, 0))
             for _ in range(rng.randint(0, 6))
-        ]
+        ]  # token lists and tuples alike
         budget = rng.randint(0, 20)
         tree = build_trie(9, continuations, budget)
         assert (tree.tokens, tree.parents) == best_first_one_node_at_a_time(9, continuations, budget), (continuations, budget)
