@@ -168,7 +168,7 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
 def _all_lone(ranked: Sequence[Continuation]) -> bool:
     """Whether no two continuations (with tokens) share a first token: then every node is one
     continuation's, and the heap's order is each score's continuations taken in turn, best score
-    first (`_take_in_turn` from the start)."""
+    first (`_interleave` from the start)."""
     firsts = [c.tokens[0] for c in ranked if c.tokens]
     return len(set(firsts)) == len(firsts)
 
