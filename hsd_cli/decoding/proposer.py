@@ -147,7 +147,8 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
             group = sorted(entry for entry in frontier if entry[0] == best)
             frontier[:] = [entry for entry in frontier if entry[0] != best]
             heapq.heapify(frontier)
-            _interleave([(parent, through[0].tokens, depth - 1) for _, _, _, parent, _, through, depth in group], tokens, parents, budget)
+            turns = [(parent, through[0].tokens, depth - 1) for _, _, _, parent, _, through, depth in group]
+            _interleave(turns, tokens, parents, budget)
             continue
         score, count, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
         tokens.append(token)
@@ -303,7 +304,8 @@ class DraftProposer:
             return self._tree
         depth = self.config.trie_depth
         # `build_trie` ranks them by score stably: sorted here only where some are left out.
-        best = scored if len(scored) <= self.config.trie_continuations else sorted(scored, key=lambda item: -item[2])[: self.config.trie_continuations]
+        kept = self.config.trie_continuations
+        best = scored if len(scored) <= kept else sorted(scored, key=lambda item: -item[2])[:kept]
         continuations = [Continuation(self._lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
         if self._stop is not None:
             draft, position = self._stop
