@@ -228,11 +228,10 @@ def attention_traffic(shape: KVShape, rows: int, context: int, *, folded: bool, 
     keys = torch.zeros((rows, shape.kv_heads, slots, shape.head_dim), dtype=shape.dtype, device=META)
     mask = torch.zeros((rows, 1, nodes, slots), dtype=shape.dtype, device=META)
     copies, kernel = TrafficCounter(), FusedAttentionCounter()
-    with copies, kernel:
+    with copies, kernel, tree_forward():  # one forward: every layer given the same mask
         for _ in range(shape.layers):
             if folded:
-                with tree_forward():
-                    hsd_sdpa_forward(module, query, keys, keys, mask)
+                hsd_sdpa_forward(module, query, keys, keys, mask)
             else:
                 sdpa_attention_forward(module, query, keys, keys, mask)
     # The output's reshape back to (rows, nodes, heads, dim) is the same copy on both paths.

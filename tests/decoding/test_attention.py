@@ -81,12 +81,15 @@ def test_generate_keeps_sdpas_bits(tiny_target, sdpa_target, make_image):
 
 
 def test_tree_forwards_fold_head_groups_and_keep_sdpas_logits(tiny_target, sdpa_target, page_image, monkeypatch):
-    folded = []
-    fold = attention.fold_groups
-    monkeypatch.setattr(attention, "fold_groups", lambda *args: folded.append(args[2]) or fold(*args))
+    folded, masks = [], []
+    fold, fold_mask = attention.fold_queries, attention.fold_mask
+    monkeypatch.setattr(attention, "fold_queries", lambda *args: folded.append(args[1]) or fold(*args))
+    monkeypatch.setattr(attention, "fold_mask", lambda *args: masks.append(args[1]) or fold_mask(*args))
     ours = tree_logits(tiny_target, page_image, BRANCHING)
     text = tiny_target.model.config.get_text_config()
     groups = text.num_attention_heads // (getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
     assert bool(folded) == (text._attn_implementation == HSD_SDPA and groups > 1)
+    if folded:  # every layer folded its queries, the one mask they share was folded once
+        assert len(folded) == text.num_hidden_layers - len(tiny_target.linear_layers) and len(masks) == 1
     theirs = tree_logits(sdpa_target, page_image, BRANCHING)
     assert (ours - theirs).abs().max().item() < SAME_LOGITS

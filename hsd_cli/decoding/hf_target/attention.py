@@ -16,7 +16,7 @@ plain decoding's bits where `generate` meets a mask (a padded batch's prefill). 
 used in tree forwards only (`tree_forward()`, which HFTarget.forward_tree enters), where the
 exactness tests hold tree logits to the model's own forward within SAME_LOGITS and tokens to
 `generate`'s; and there only where the repeated mask is smaller than the repeated keys and
-values (`folds`). Everything else (prefills, `generate`, one query, no mask, a model without
+values (`folds`), the mask repeated once a forward. Everything else (prefills, `generate`, one query, no mask, a model without
 head groups, a position bias, a paged cache) is transformers' own SDPA unchanged. Families whose
 text attention is not SDPA keep theirs (`use_hsd_attention`)."""
 
@@ -29,18 +29,20 @@ from contextvars import ContextVar
 import torch
 
 HSD_SDPA = "hsd_sdpa"
-# Whether the forward running in this thread is a tree forward (the only ones folded).
-_in_tree_forward: ContextVar[bool] = ContextVar("in_tree_forward", default=False)
+# In a tree forward (the only ones folded), the masks folded so far by this thread: every layer is
+# given the same mask, which is then repeated over the groups once per forward, not once a layer.
+# (id(mask), groups) -> (the mask, kept so that its id stays its own, and its folded form).
+_tree_masks: ContextVar[dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar("tree_masks", default=None)
 
 
 @contextmanager
 def tree_forward() -> Iterator[None]:
     """Within: the model's masked attention folds head groups (a tree forward's)."""
-    token = _in_tree_forward.set(True)
+    token = _tree_masks.set({})
     try:
         yield
     finally:
-        _in_tree_forward.reset(token)
+        _tree_masks.reset(token)
 
 
 def folds(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, groups: int) -> bool:
@@ -54,15 +56,27 @@ def folds(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, gro
     return mask_bytes < repeat_bytes
 
 
-def fold_groups(query: torch.Tensor, mask: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_queries(query: torch.Tensor, groups: int) -> torch.Tensor:
     """(B, H, q, d) queries as (B, H / groups, groups * q, d): query head h = k * groups + g (the
-    head repeat_kv pairs with key-value head k) becomes rows g * q .. g * q + q - 1 of head k. The
-    mask follows: one shared by the heads is repeated over the groups, one per head is regrouped."""
+    head repeat_kv pairs with key-value head k) becomes rows g * q .. g * q + q - 1 of head k."""
     batch, heads, length, dim = query.shape
-    folded = query.reshape(batch, heads // groups, groups * length, dim)
+    return query.reshape(batch, heads // groups, groups * length, dim)
+
+
+def fold_mask(mask: torch.Tensor, groups: int, heads: int) -> torch.Tensor:
+    """The mask of `fold_queries`' rows: one shared by the heads repeated over the groups, one per
+    head regrouped."""
     if mask.shape[1] == 1:
-        return folded, mask.repeat(1, 1, groups, 1)
-    return folded, mask.reshape(mask.shape[0], heads // groups, groups * length, mask.shape[-1])
+        return mask.repeat(1, 1, groups, 1)
+    return mask.reshape(mask.shape[0], heads // groups, groups * mask.shape[2], mask.shape[-1])
+
+
+def _folded_mask(masks: dict, mask: torch.Tensor, groups: int, heads: int) -> torch.Tensor:
+    """`fold_mask`, made once per forward for the mask every layer is given."""
+    key = (id(mask), groups)
+    if key not in masks or masks[key][0] is not mask:
+        masks[key] = (mask, fold_mask(mask, groups, heads))
+    return masks[key][1]
 
 
 def hsd_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -70,12 +84,15 @@ def hsd_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, sca
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
+    masks = _tree_masks.get()
     plain = kwargs.get("position_bias") is not None or kwargs.get("cache") is not None or kwargs.get("softcap") is not None
-    if plain or not _in_tree_forward.get() or kwargs.get("output_attentions") or not folds(query, key, attention_mask, groups):
+    if plain or masks is None or kwargs.get("output_attentions") or not folds(query, key, attention_mask, groups):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
-    length = query.shape[2]
-    folded, mask = fold_groups(query, attention_mask, groups)
-    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    heads, length = query.shape[1], query.shape[2]
+    mask = _folded_mask(masks, attention_mask, groups, heads)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        fold_queries(query, groups), key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+    )
     # (B, kv_heads, groups * q, dv) -> (B, H, q, dv) -> (B, q, H, dv), as transformers returns it.
     return out.reshape(out.shape[0], -1, length, value.shape[-1]).transpose(1, 2).contiguous(), None
 
