@@ -157,6 +157,9 @@ class ModelConfig:
     greedy: bool = False  # greedy where the recipe's makers sample
     seed: int = 0  # the keyed sampler's seed
     layout_model: str | None = None  # the layout model's directory (a two-step recipe's); None: the draft's layout
+    # Slots a row of the in-place KV store holds (decoding/hf_target/kv_store.py); None: the rows'
+    # cache in transformers' DynamicCache. Either way the same tokens (serving.resolve decides).
+    kv_store_slots: int | None = None
     # "module:callable" that wraps the model's reader (a benchmark stand-in flags the pages it was
     # not built on); the worker imports it by name, so the product never imports the stand-ins.
     reader_wrapper: str | None = None

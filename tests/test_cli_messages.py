@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from hsd_cli.cli import app
+from hsd_cli.decoding.hf_target.families import REFUSED
 from tests.conftest import run_hsd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,8 +98,7 @@ def test_a_directory_without_config_json_is_no_model(docs_dir, tmp_path):
 @pytest.mark.parametrize(
     ("model_type", "said"),
     [
-        ("minicpm_ocr", "model family 'minicpm_ocr' cannot be decoded losslessly by hsd: its text model (qwen3_5_text)"),
-        ("minicpmv4_6", "model family 'minicpmv4_6' cannot be decoded losslessly by hsd: its text model (qwen3_5_text)"),
+        *[(model_type, f"model family {model_type!r} cannot be decoded losslessly by hsd: {reason}") for model_type, reason in sorted(REFUSED.items())],
         ("llava", "model family 'llava' is not supported; supported: "),
     ],
 )

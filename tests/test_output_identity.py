@@ -115,26 +115,33 @@ def planned_output(docs_dir, tiny_model, tmp_path_factory) -> Path:
 
 
 def run_specific_values(pdf: Path, tiny_model: Path | None = None) -> dict[str, str]:
-    """Placeholder -> the run's own value, for the JSON fields that differ from run to run."""
-    values = {
-        "<fixture path>": str(pdf),  # source.path: the fixture sits in pytest's temporary directory
+    """The run's own JSON text -> its golden's placeholder, for the fields that differ from run to run
+    (whole JSON values; a number with its key, since the number alone could stand anywhere)."""
+
+    def string(value: str, placeholder: str) -> tuple[str, str]:
+        return json.dumps(value, ensure_ascii=False), json.dumps(placeholder)  # as the JSON writes it
+
+    pairs = [
+        string(str(pdf), "<fixture path>"),  # source.path: the fixture sits in pytest's temporary directory
         # source.sha256: PyMuPDF saves every PDF with a random trailer /ID, so the fixture's hash
-        # changes each session (its bytes otherwise, and its size, do not).
-        "<fixture sha256>": hashlib.sha256(pdf.read_bytes()).hexdigest(),
-    }
+        # changes each session.
+        string(hashlib.sha256(pdf.read_bytes()).hexdigest(), "<fixture sha256>"),
+        # source.size_bytes: PyMuPDF wrote the same fixture 2 bytes shorter after other tests had run
+        # in the same process; hsd reports whatever size the file has.
+        (f'"size_bytes": {pdf.stat().st_size}', '"size_bytes": "<fixture size>"'),
+    ]
     if tiny_model is not None:
-        values["<tiny model>"] = str(tiny_model)  # config.model: built in pytest's temporary directory
-        values["<golden profile>"] = str(PROFILE)  # config.profile: lies wherever the checkout is
-    return values
+        pairs.append(string(str(tiny_model), "<tiny model>"))  # config.model: built in pytest's temporary directory
+        pairs.append(string(str(PROFILE), "<golden profile>"))  # config.profile: lies wherever the checkout is
+    return dict(pairs)
 
 
 def assert_identical_to_golden(out: Path, run: str, document: str, values: dict[str, str]) -> None:
     for name in (f"{document}.md", f"{document}.json"):
         written = (out / name).read_bytes()
         if name.endswith(".json"):  # the Markdown holds none of these values
-            for placeholder, value in values.items():
-                # As the JSON writes it (json.dumps, ensure_ascii=False): the whole string value.
-                written = written.replace(json.dumps(value, ensure_ascii=False).encode(), json.dumps(placeholder).encode())
+            for own, placeholder in values.items():
+                written = written.replace(own.encode(), placeholder.encode())
         golden = GOLDEN / run / name
         if REGENERATE:
             golden.parent.mkdir(parents=True, exist_ok=True)

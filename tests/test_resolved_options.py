@@ -25,8 +25,8 @@ RESOLVERS = {
     "ConvertConfig", "RunConfig", "resolve_model", "resolve_schedule", "default_rows", "drafting_processes",
     "default_device", "default_dtype", "default_draft_processes", "device_rows_choice", "profile_name",
 }
-# Fields whose None is a value (no profile, no wrapper, lossless), not "a default to choose later".
-NONE_IS_A_VALUE = {"profile", "reader_wrapper", "near_lossless", "layout_model"}
+# Fields whose None is a value (no profile, no wrapper, lossless, the DynamicCache), not "a default to choose later".
+NONE_IS_A_VALUE = {"profile", "reader_wrapper", "near_lossless", "layout_model", "kv_store_slots"}
 
 
 def worker_side_modules() -> list[Path]:

@@ -9,6 +9,11 @@ torch's allocator counters are CUDA's only, so every aten op is counted as it ru
 6,000 tokens of a 7B's cache (11 GB) cost nothing here. The two caches are driven as the target
 drives them (each layer's `update` with a step's new keys and values, then the commit), without
 the model: the model's own projections and attention are the same for both and not counted.
+
+A tree forward's attention is counted apart (`attention_traffic`): transformers' SDPA repeats
+each row's keys and values over the query heads of a group before its kernel, hsd's folds the
+groups into the query length (decoding/hf_target/attention.py); the copies are counted as above,
+the kernel's reads as a fused kernel makes them (`FusedAttentionCounter`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hsd_cli.decoding.hf_target.cache import BatchState, join_rows, keep_nodes, keep_rows
@@ -28,7 +34,8 @@ class TrafficCounter(TorchDispatchMode):
     """Counts, per aten op on `device`, the bytes it allocates (a new tensor, written whole) and
     the bytes it writes (new tensors and in-place writes: a scatter's or index copy's source, a
     copy's destination), of floating-point tensors: the cache's entries, not the index and length
-    bookkeeping beside them (a few bytes a row). Views allocate and write nothing."""
+    bookkeeping beside them (a few bytes a row). Views allocate and write nothing, `_unsafe_view`
+    (a reshape's view of the copy it just made, with no alias in its schema) included."""
 
     def __init__(self, device: torch.device = META) -> None:
         super().__init__()
@@ -39,6 +46,8 @@ class TrafficCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func.overloadpacket.__name__ == "_unsafe_view":
+            return out
         values = out if isinstance(out, (tuple, list)) else (out,)
         for returned, value in zip(func._schema.returns, values):
             if not isinstance(value, torch.Tensor) or value.device != self.device or not value.is_floating_point():
@@ -156,3 +165,74 @@ def measure(shape: KVShape, rows: int, context: int, *, store: bool, nodes: int 
         else:
             join_rows([state, joining])
     return Traffic(rows, context, first.written, allocated / steps, written / steps, leaving.written, join.written)
+
+
+# -- attention's reads ---------------------------------------------------------------------------
+
+
+class FusedAttentionCounter(TorchFunctionMode):
+    """Counts the bytes one attention call moves as a fused GPU kernel (flash, memory-efficient)
+    runs it: SDPA reads its queries, keys, values and mask once and writes its output (on the
+    meta device it is not run: torch would decompose it into the math kernel's matmuls). The
+    copies made before it (transformers' `repeat_kv`, the fold's repeated mask) are counted by the
+    TrafficCounter beside it: each is written, then read by SDPA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel_read = 0
+        self.kernel_written = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        query, key, value = args[:3]
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        self.kernel_read += sum(_nbytes(t) for t in (query, key, value, mask) if t is not None)
+        out = torch.empty((*query.shape[:-1], value.shape[-1]), dtype=query.dtype, device=query.device)
+        self.kernel_written += _nbytes(out)
+        return out
+
+
+@dataclass(frozen=True)
+class AttentionTraffic:
+    """Bytes a step's attention moves over all layers: copies written before the kernel (each
+    read again by it), and the kernel's reads; `folded`: hsd's attention (attention.py), else
+    transformers' SDPA."""
+
+    rows: int
+    context: int
+    folded: bool
+    copied: int
+    kernel_read: int
+
+    @property
+    def moved(self) -> int:
+        """Bytes read and written: the copies' writes and the kernel's reads (which include them)."""
+        return self.copied + self.kernel_read
+
+
+def attention_traffic(shape: KVShape, rows: int, context: int, *, folded: bool, nodes: int = 16, query_heads: int = 28) -> AttentionTraffic:
+    """One tree forward's attention over `rows` rows of `context` cached tokens and `nodes` nodes,
+    each layer given the store's view and an additive mask as HFTarget gives them, run through
+    transformers' SDPA attention or hsd's (in a tree forward)."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from hsd_cli.decoding.hf_target.attention import hsd_sdpa_forward, tree_forward
+
+    module = SimpleNamespace(num_key_value_groups=query_heads // shape.kv_heads, is_causal=True)
+    slots = context + nodes
+    query = torch.zeros((rows, nodes, query_heads, shape.head_dim), dtype=shape.dtype, device=META).transpose(1, 2)
+    keys = torch.zeros((rows, shape.kv_heads, slots, shape.head_dim), dtype=shape.dtype, device=META)
+    mask = torch.zeros((rows, 1, nodes, slots), dtype=shape.dtype, device=META)
+    copies, kernel = TrafficCounter(), FusedAttentionCounter()
+    with copies, kernel, tree_forward():  # one forward: every layer given the same mask
+        for _ in range(shape.layers):
+            if folded:
+                hsd_sdpa_forward(module, query, keys, keys, mask)
+            else:
+                sdpa_attention_forward(module, query, keys, keys, mask)
+    # The output's reshape back to (rows, nodes, heads, dim) is the same copy on both paths.
+    return AttentionTraffic(rows, context, folded, copies.written, kernel.kernel_read)

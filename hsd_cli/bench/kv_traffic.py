@@ -1,6 +1,8 @@
 """`hsd bench kv-traffic`: the bytes a decoding step's KV cache allocates and writes, transformers'
-DynamicCache as hsd edits it against the in-place KVStore (the counting: kv_counting.py, imported
-when the command runs, so that importing the benches' CLI loads no torch)."""
+DynamicCache as hsd edits it against the in-place KVStore; and the bytes a tree forward's
+attention moves, transformers' SDPA (keys and values repeated over the query heads) against
+hsd's (head groups folded into the query length). The counting: kv_counting.py, imported when the
+command runs, so that importing the benches' CLI loads no torch."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+QUERY_HEADS = 28  # Qwen2.5-VL-7B's, over its 4 key-value heads
+
 
 def kv_traffic(
     rows: Annotated[str, typer.Option(help="Batch rows, comma-separated.")] = "1,8,32",
@@ -17,9 +21,10 @@ def kv_traffic(
     nodes: Annotated[int, typer.Option(help="Tree nodes a row verifies per step (4 are kept).")] = 16,
     json_out: Annotated[str | None, typer.Option(help="Also write the figures to this JSON file.")] = None,
 ) -> None:
-    """Bytes a step's KV cache allocates and writes with Qwen2.5-VL-7B's KV shape: transformers'
-    DynamicCache as hsd edits it against the in-place KVStore."""
-    from hsd_cli.bench.kv_counting import QWEN25_VL_7B, measure
+    """Bytes a step's KV cache allocates and writes with Qwen2.5-VL-7B's KV shape (transformers'
+    DynamicCache as hsd edits it against the in-place KVStore), and bytes its attention moves
+    (transformers' SDPA against hsd's folded head groups)."""
+    from hsd_cli.bench.kv_counting import QWEN25_VL_7B, attention_traffic, measure
 
     shape = QWEN25_VL_7B
     figures = []
@@ -37,6 +42,22 @@ def kv_traffic(
                     f"{traffic.step_allocated / 1e6:>15.1f}"
                     f"{traffic.step_written / 1e6:>17.1f}{traffic.leave_written / 1e6:>10.1f}{traffic.join_written / 1e6:>10.1f}"
                 )
+    attention = []
+    typer.echo(f"A tree forward's attention, {QUERY_HEADS} query heads over {shape.kv_heads}, as a fused kernel moves it: "
+               "sdpa (transformers', keys and values repeated) against hsd (head groups folded)")
+    typer.echo(f"{'attention':<10}{'rows':>5}{'context':>9}{'copied GB':>11}{'kernel read GB':>16}{'moved GB':>10}")
+    for row_count in (int(r) for r in rows.split(",")):
+        for context in (int(c) for c in contexts.split(",")):
+            for folded in (False, True):
+                moved = attention_traffic(shape, row_count, context, folded=folded, nodes=nodes, query_heads=QUERY_HEADS)
+                attention.append({"attention": "hsd" if folded else "sdpa", **asdict(moved), "moved": moved.moved})
+                typer.echo(
+                    f"{'hsd' if folded else 'sdpa':<10}{row_count:>5}{context:>9}{moved.copied / 1e9:>11.2f}"
+                    f"{moved.kernel_read / 1e9:>16.2f}{moved.moved / 1e9:>10.2f}"
+                )
     if json_out:
         with open(json_out, "w", encoding="utf-8") as out:
-            json.dump({"shape": {**asdict(shape), "dtype": str(shape.dtype)}, "nodes": nodes, "figures": figures}, out, indent=1)
+            json.dump({
+                "shape": {**asdict(shape), "dtype": str(shape.dtype)}, "nodes": nodes, "figures": figures,
+                "query_heads": QUERY_HEADS, "attention": attention,
+            }, out, indent=1)

@@ -29,6 +29,7 @@ _MODULE_OF = {
     "ProposerConfig": "proposer",
     "RepetitionLoop": "repetition",
     "SamplingConfig": "verify",
+    "StoreConfig": "hf_target",
     "TextDraftProposer": "proposer",
     "UnsupportedTransformersError": "hf_target",
     "check_cache_layout": "hf_target",

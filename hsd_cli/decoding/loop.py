@@ -259,7 +259,10 @@ def _take_outcomes(
         path, proposer = outcome.path, sequence.request.proposer
         if sequence.sizer is not None:
             sequence.sizer.observe(proposer.kind, tree, path, whole, outcome.bonus)
-        path_tokens = [tree.tokens[node] for node in path[1:]] if len(path) > 1 else []
+        if len(path) == 1:  # the root alone: every plain row's
+            path_tokens = []
+        else:  # a path ending at node k with k + 1 nodes is nodes 0..k (a chain's, most paths): one slice
+            path_tokens = list(tree.tokens[1 : len(path)]) if path[-1] == len(path) - 1 else [tree.tokens[node] for node in path[1:]]
         proposer.observe(path_tokens)
         path_tokens.append(outcome.bonus)
         emitted = sequence.emit(path_tokens, stop_ids, config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from collections import deque
+from os.path import commonprefix
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -97,27 +97,34 @@ class Continuation:
     source: Source = None  # where tokens[0] sits in the drafts
 
 
-def build_trie(root: int, continuations: Sequence[Continuation], budget: int) -> tuple[TokenTree, list[Source]]:
-    """Trie of continuations flattened best-first within `budget` draft nodes; returns the tree
-    (its evidence the best score) and, per node, the draft position its token came from (the best
-    continuation's).
+def build_trie(root: int, continuations: Sequence[Continuation], budget: int) -> TokenTree:
+    """Trie of continuations flattened best-first within `budget` draft nodes; its evidence is the
+    best score. A node's draft position is its best continuation's (`node_source`).
 
     Best-first (by score, then how many continuations share the node) instead of plain
     breadth-first: with a common root token the first level is wide, and a breadth-first cut
     would spend the whole budget there instead of going deep on the best-matching draft.
     Parents are always emitted before their children. A node's children are grouped only when
     the node is taken, so the work follows the budget, not the continuations' length: a node is
-    the continuations through it (best first), its score and source the first one's.
+    the continuations through it (best first), its score the first one's.
     """
     ranked = sorted(continuations, key=lambda c: -c.score)
-    tokens, parents, sources = [root], [-1], [None]
+    tokens, parents = [root], [-1]
+    evidence = ranked[0].score if ranked else 0
+    if _all_lone(ranked):  # most tries: no two continuations share a first token
+        one_score = not ranked or ranked[0].score == ranked[-1].score
+        for group in [ranked] if one_score else (group for _, group in itertools.groupby(ranked, key=lambda c: c.score)):
+            if len(tokens) > budget:
+                break
+            _interleave([(0, c.tokens, 0) for c in group if c.tokens], tokens, parents, budget)
+        return TokenTree.built(tokens, parents, evidence)
     # (-score, -continuations through it, serial, parent's index, token, those continuations, depth)
     frontier: list[tuple[int, int, int, int, int, list[Continuation], int]] = []
     serial = 0  # unique tie-breaker so entries are never compared past it
 
     def push_children(through: list[Continuation], depth: int, index: int) -> None:
         nonlocal serial
-        if len(through) == 1:  # most nodes: one continuation, one child (no grouping)
+        if len(through) == 1:  # one continuation, one child (no grouping)
             if depth < len(through[0].tokens):
                 heapq.heappush(frontier, (-through[0].score, -1, serial, index, through[0].tokens[depth], through, depth + 1))
                 serial += 1
@@ -132,51 +139,81 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
 
     push_children(ranked, 0, 0)
     while frontier and len(tokens) <= budget:
-        if all(entry[1] == -1 for entry in frontier):
-            _take_in_turn(frontier, tokens, parents, sources, budget)
-            break
+        if frontier[0][1] == -1:
+            # The best waiting nodes are lone continuations' of one score: a taken node's child
+            # waits with its key and a serial past every other, so they are taken in turn (first
+            # in, first out) until they end, before anything else.
+            best = frontier[0][0]
+            group = sorted(entry for entry in frontier if entry[0] == best)
+            frontier[:] = [entry for entry in frontier if entry[0] != best]
+            heapq.heapify(frontier)
+            turns = [(parent, through[0].tokens, depth - 1) for _, _, _, parent, _, through, depth in group]
+            _interleave(turns, tokens, parents, budget)
+            continue
         score, count, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
-        best = sharing[0].source
         tokens.append(token)
         parents.append(parent_index)
-        sources.append(None if best is None else (best[0], best[1] + depth - 1))
-        if count == -1 and (not frontier or frontier[0][:2] > (score, -1)):
-            # A lone continuation's next node would be pushed with this key and a larger serial
-            # than any waiting, so popped next, and so on down its tokens: take them at once.
-            rest = sharing[0].tokens[depth : depth + budget + 1 - len(tokens)]
+        if not frontier or frontier[0][:2] > (score, count):
+            # Where the continuations through the node go on alike, its one child would be pushed
+            # with this key and a larger serial than any waiting, so popped next, and so on down
+            # their common tokens: take them at once (commonprefix compares any sequences).
+            rest = commonprefix([list(c.tokens[depth : depth + budget + 1 - len(tokens)]) for c in sharing])
             first = len(tokens)
             tokens.extend(rest)
             parents.extend(range(first - 1, first - 1 + len(rest)))
-            sources.extend([None] * len(rest) if best is None else [(best[0], best[1] + d) for d in range(depth, depth + len(rest))])
             depth += len(rest)
         push_children(sharing, depth, len(tokens) - 1)
-    return TokenTree(tuple(tokens), tuple(parents), max((c.score for c in continuations), default=0)), sources
+    return TokenTree.built(tokens, parents, evidence)
 
 
-def _take_in_turn(frontier: list, tokens: list[int], parents: list[int], sources: list[Source], budget: int) -> None:
-    """`build_trie`'s loop once every waiting node is a lone continuation's, without the heap: a
-    taken node's child waits with its key and a serial past every other, so the continuations of
-    one score are taken in turn (first in, first out) until they end, then the next score's."""
-    for _, group in itertools.groupby(sorted(frontier), key=lambda entry: entry[0]):
-        queue = deque((parent, through[0], depth) for _, _, _, parent, _, through, depth in group)
-        while queue and len(tokens) <= budget:
-            parent, item, depth = queue.popleft()
-            tokens.append(item.tokens[depth - 1])
-            parents.append(parent)
-            sources.append(None if item.source is None else (item.source[0], item.source[1] + depth - 1))
-            if depth < len(item.tokens):
-                queue.append((len(tokens) - 1, item, depth + 1))
+def _all_lone(ranked: Sequence[Continuation]) -> bool:
+    """Whether no two continuations (with tokens) share a first token: then every node is one
+    continuation's, and the heap's order is each score's continuations taken in turn, best score
+    first (`_interleave` from the start)."""
+    firsts = [c.tokens[0] for c in ranked if c.tokens]
+    return len(set(firsts)) == len(firsts)
 
 
-def _walk(tree: TokenTree, accepted: Sequence[int]) -> int:
-    """The node reached by following `accepted` tokens down from the root."""
-    node = 0
-    for token in accepted:  # the first later node with the token whose parent is the node (a chain's next)
-        child = tree.tokens.index(token, node + 1)
-        while tree.parents[child] != node:
-            child = tree.tokens.index(token, child + 1)
-        node = child
-    return node
+def _interleave(chains: list[tuple[int, Sequence[int], int]], tokens: list[int], parents: list[int], budget: int) -> None:
+    """Take the chains' nodes in turn (one of each, then the next of each, ...) until they end or
+    the budget is spent. While the same m chains last, a chain's nodes are every m-th of a block,
+    so each block is laid out with a slice assignment per chain, not a step per node."""
+    if len(chains) == 1:  # one chain: its nodes in order
+        parent, sequence, start = chains[0]
+        first = len(tokens)
+        tokens.extend(sequence[start : start + budget + 1 - first])
+        parents.append(parent)
+        parents.extend(range(first, len(tokens) - 1))
+        return
+    last = [parent for parent, _, _ in chains]  # each chain's latest node (its next node's parent)
+    lengths = [len(sequence) - start for _, sequence, start in chains]
+    alive, done = list(range(len(chains))), 0  # the chains not ended; the rounds taken
+    while alive and len(tokens) <= budget:
+        m, room = len(alive), budget + 1 - len(tokens)
+        rounds = min(min(lengths[i] for i in alive) - done, -(-room // m))
+        base, size = len(tokens), m * rounds
+        block_tokens, block_parents = [0] * size, [0] * size
+        for slot, i in enumerate(alive):
+            _, sequence, start = chains[i]
+            block_tokens[slot::m] = sequence[start + done : start + done + rounds]
+            block_parents[slot] = last[i]
+            block_parents[slot + m :: m] = range(base + slot, base + slot + m * (rounds - 1), m)
+            last[i] = base + slot + m * (rounds - 1)
+        tokens.extend(block_tokens[:room])
+        parents.extend(block_parents[:room])
+        done += rounds
+        alive = [i for i in alive if lengths[i] > done]
+
+
+def node_source(continuations: Sequence[Continuation], path: Sequence[int]) -> Source:
+    """The draft position of the trie node reached by the tokens `path` below its root: its best
+    continuation's (the first ranked whose tokens begin with the path; `build_trie` ranks them by
+    score, stably), looked up for the one node a step accepts instead of kept for every node."""
+    if not path:
+        return None
+    depth, path = len(path), list(path)
+    best = next(c for c in sorted(continuations, key=lambda c: -c.score) if list(c.tokens[:depth]) == path)
+    return None if best.source is None else (best.source[0], best.source[1] + depth - 1)
 
 
 class DraftProposer:
@@ -224,7 +261,8 @@ class DraftProposer:
         self.window = self.config.window_min
         self._ambiguous = False
         self._tree: TokenTree | None = None
-        self._sources: list[Source] = []
+        # What the last tree was copied from: a chain's (draft, position of its root), or a trie's continuations
+        self._copied: tuple[int, int] | list[Continuation] = []
         self._stop: Source = None  # draft position of the last accepted draft token
         self._trie_hit_rate = 1.0
         self._was_trie = False
@@ -262,10 +300,12 @@ class DraftProposer:
             draft, position, matched = full_matches[0]
             chain = self._lists[draft][position + 1 : position + 1 + self.config.chain_max]
             self._tree = TokenTree.chain(root, chain, evidence=matched)
-            self._sources = [(draft, position + i) for i in range(len(chain) + 1)]
+            self._copied = (draft, position)
             return self._tree
         depth = self.config.trie_depth
-        best = sorted(scored, key=lambda item: -item[2])[: self.config.trie_continuations]
+        # `build_trie` ranks them by score stably: sorted here only where some are left out.
+        kept = self.config.trie_continuations
+        best = scored if len(scored) <= kept else sorted(scored, key=lambda item: -item[2])[:kept]
         continuations = [Continuation(self._lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
         if self._stop is not None:
             draft, position = self._stop
@@ -274,16 +314,25 @@ class DraftProposer:
                 Continuation(self._lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
                 Continuation(self._lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
             ]
-        self._tree, self._sources = build_trie(root, continuations, self._trie_budget())
+        self._tree = build_trie(root, continuations, self._trie_budget()) if continuations else root_alone(root)
+        self._copied = continuations
         return self._tree
 
     def _trie_budget(self) -> int:
         low, high = self.config.trie_budget_min, self.config.trie_budget
         return low + round((high - low) * self._trie_hit_rate)
 
+    def _accepted_source(self, accepted: Sequence[int]) -> Source:
+        """The draft position of the last tree's node that `accepted` reaches (None: its root in a trie)."""
+        if self._tree is None:
+            return None
+        if isinstance(self._copied, tuple):  # a chain: its nodes are the draft's tokens in order
+            return self._copied[0], self._copied[1] + len(accepted)
+        return node_source(self._copied, accepted)
+
     def observe(self, accepted: Sequence[int]) -> None:
         """`accepted`: the draft tokens the target accepted this step (bonus excluded)."""
-        self._stop = self._sources[_walk(self._tree, accepted)] if self._tree is not None else None
+        self._stop = self._accepted_source(accepted)
         if self._was_trie and len(self._tree) > 1:
             weight = self.config.trie_hit_weight
             self._trie_hit_rate = (1 - weight) * self._trie_hit_rate + weight * (len(accepted) > 0)
@@ -380,7 +429,7 @@ class TextDraftProposer:
         chains = [c for c in chains if c]
         if len(chains) == 1:
             return TokenTree.chain(root, chains[0], evidence=length)
-        return build_trie(root, [Continuation(c, length) for c in chains], self.config.trie_budget)[0]
+        return build_trie(root, [Continuation(c, length) for c in chains], self.config.trie_budget)
 
     def observe(self, accepted: Sequence[int]) -> None:
         pass

@@ -35,14 +35,24 @@ class TokenTree:
 
     @classmethod
     def chain(cls, root: int, tokens: Sequence[int], evidence: int = 0) -> TokenTree:
-        return cls((root, *tokens), tuple(range(-1, len(tokens))), evidence)
+        return cls.built((root, *tokens), range(-1, len(tokens)), evidence)
+
+    @classmethod
+    def built(cls, tokens: Sequence[int], parents: Sequence[int], evidence: int = 0) -> TokenTree:
+        """A tree whose builder lays parents before their children by construction (chains, tries,
+        a tree's first nodes), without the check: a proposer builds one every step of every row."""
+        tree = object.__new__(cls)
+        object.__setattr__(tree, "tokens", tuple(tokens))
+        object.__setattr__(tree, "parents", tuple(parents))
+        object.__setattr__(tree, "evidence", evidence)
+        return tree
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def first(self, size: int) -> TokenTree:
         """The tree of its first `size` nodes (a tree again: parents precede their children)."""
-        return self if size >= len(self) else TokenTree(self.tokens[:size], self.parents[:size], self.evidence)
+        return self if size >= len(self) else TokenTree.built(self.tokens[:size], self.parents[:size], self.evidence)
 
 
 @dataclass(frozen=True)
@@ -139,11 +149,14 @@ def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0, width: int | Non
     # Every row laid out as a chain (a lower triangle of its own nodes), then the branching rows
     # from their nodes' ancestor bits, converted all at once.
     node = np.arange(width)
-    ancestors = (node[:, None] >= node) & valid[:, :, None] | (node[:, None] == node)
-    depths = np.where(valid, node, 0)
     branching = np.flatnonzero(((parents != node - 1) & valid).any(1))
-    if branching.size:
-        ancestors[branching], depths[branching] = branching_layout(parents[branching], valid[branching])
+    if branching.size == count:  # no chain to lay out apart
+        ancestors, depths = branching_layout(parents, valid)
+    else:
+        ancestors = (node[:, None] >= node) & valid[:, :, None] | (node[:, None] == node)
+        depths = np.where(valid, node, 0)
+        if branching.size:
+            ancestors[branching], depths[branching] = branching_layout(parents[branching], valid[branching])
     return TreeBatch(*(torch.from_numpy(a) for a in (tokens, parents, depths, ancestors, valid)))
 
 
@@ -153,16 +166,15 @@ def branching_layout(parents: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray
     step's Python work grows with its width, not with its rows' nodes. Padding nodes see only
     themselves, at depth 0."""
     count, width = parents.shape
-    rows, node = np.arange(count), np.arange(width)
-    ancestors = np.zeros((count, width, width), dtype=bool)
-    ancestors[:, node, node] = True
-    depths = np.zeros((count, width), dtype=np.int64)
-    above = parents.clip(min=0)
+    rows, node = np.arange(count)[:, None], np.arange(width)
+    ancestors = np.zeros((width, count, width), dtype=bool)  # node-major: a column's rows are one block
+    ancestors[node, :, node] = True
+    # A padding node (and the root) is its own parent here: taking its own row changes nothing.
+    above = np.where(valid & (parents >= 0), parents, node).T
     for column in range(1, width):
-        inherited = ancestors[rows, above[:, column]] & valid[:, column, None]
-        ancestors[:, column] |= inherited
-        depths[:, column] = np.where(valid[:, column], depths[rows, above[:, column]] + 1, 0)
-    return ancestors, depths
+        ancestors[column] |= ancestors[above[column], rows[:, 0]]
+    ancestors = np.ascontiguousarray(ancestors.transpose(1, 0, 2))
+    return ancestors, ancestors.sum(2) - 1
 
 
 def _one_tree_batch(tree: TokenTree) -> TreeBatch:

@@ -18,11 +18,12 @@ CONTEXTS = (512, 2048, 4096, 8192)
 IMAGE_SIDES = (224, 448, 896, 1344, 1792, 2240)
 # The host work of hsd's loop around a forward (Python: proposing, the tree batch, reading the path
 # back; the cache edits and the argmax are device work on a GPU), as `hsd profile` measured it
-# around a tiny model's forwards on this project's CPU, one thread: per coefficient the median of
-# three fits after a step's work was laid out per batch (docs/BENCHMARKS.md, "Host work and the
-# cost of a step"; the fits of the code before it, the same day, gave 0.50 ms, 15 us and 3.2 us,
-# as the figures this replaced): the CPU that drives a GPU runs the same Python.
-LOOP_HOST = HostCost(per_step=0.00039, per_row=0.0000059, per_node=0.0000037)
+# around a tiny model's forwards on this project's CPU, one thread, at 1, 8, 64 and 256 rows with
+# the step clock on the thread's CPU time (other work on the machine then does not count): per
+# coefficient the median of three fits after tries were laid out a block of turns at a time
+# (docs/BENCHMARKS.md, "Host work and the cost of a step"; the fit before, 0.39 ms, 5.9 us and
+# 3.7 us, was of wall time at 1, 8 and 64 rows): the CPU that drives a GPU runs the same Python.
+LOOP_HOST = HostCost(per_step=0.000495, per_row=0.00000469, per_node=0.00000203)
 
 
 @dataclass(frozen=True)

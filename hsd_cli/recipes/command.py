@@ -86,7 +86,8 @@ def models(
         refusals.add_row(family["family"], family["reason"])
     console = Console()
     console.print(table)
-    console.print(refusals)
+    if refused:
+        console.print(refusals)
     console.print(
         f"settings packaged in {where['packaged_settings']}; user settings in {where['user_settings']}"
         f" (a file there replaces the packaged one of the same name). HF cache under {where['hf_home']}",

@@ -15,7 +15,7 @@ from PIL import Image
 
 from hsd_cli.config import ModelConfig, Sizing
 from hsd_cli.decoding import (
-    DecodeConfig, DecodeRequest, LogitsRules, SamplingConfig, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result,
+    DecodeConfig, DecodeRequest, StoreConfig, LogitsRules, SamplingConfig, DecodeResult, DecodeStats, LoadSizer, ReadSizers, decode_batch, decode_result,
     NearLossless, draft_allowance, load_target, make_proposer,
 )
 from hsd_cli.decoding.hf_target.families import ChatLayout
@@ -50,6 +50,7 @@ class VlmModel:
         self.target = load_target(
             config.model, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code,
             layout=ChatLayout(image_first=image_first(prompt), system=prompt.system),
+            kv_store=None if config.kv_store_slots is None else StoreConfig(slots=config.kv_store_slots),
         )
         self.picture_render = None if is_family_default(self.recipe) else self.recipe.render
         # The recipe's page prompt (the family's own where the recipe is the family's default).

@@ -4,6 +4,7 @@ dtype, token budget, cost profile) is decided here, so that the workers only rea
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -132,10 +133,33 @@ def resolve_model(config: ConvertConfig, reader_wrapper: str | None = None) -> M
         _check_layout_model(config.layout_model, recipe)
     device = config.device or default_device()
     dtype = config.dtype or default_dtype(device)
-    return ModelConfig(
+    model = ModelConfig(
         model=config.model, family=family, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code,
         max_new_tokens=config.max_new_tokens or recipe.decoding.max_new_tokens, baseline=config.baseline, recipe=recipe.name,
         profile=_profile(config.profile, config.model, device, dtype), near_lossless=config.near_lossless,
         greedy=config.greedy, seed=config.seed, layout_model=config.layout_model,
         reader_wrapper=reader_wrapper,
     )
+    return replace(model, kv_store_slots=kv_store_slots(model, config))
+
+
+# Devices whose rows' cache is the in-place KV store (decoding/hf_target/kv_store.py). On CUDA a
+# DynamicCache step reads and writes every row's whole cache (about 0.33 GB a row a step for a 7B
+# at a page's context: hsd bench kv-traffic), a large share of a step from 8 rows. On the CPU,
+# one row by default, the copies are small beside forwards of seconds; even a tiny random
+# model's forwards of milliseconds converted the two fixture documents in 9.2-10.9 page-seconds
+# with the store against 9.6-12.9 without, within this shared machine's drift (docs/BENCHMARKS.md,
+# "KV cache traffic per step"): no gain this machine can tell, so the CPU keeps the default it had.
+STORE_DEVICES = ("cuda",)
+
+
+def kv_store_slots(model: ModelConfig, config: ConvertConfig) -> int | None:
+    """Slots a row of the KV store holds on a STORE_DEVICES device: a row's budget (serving.rows:
+    an A4 page's prompt at the run's render size, the token budget and the widest tree); None
+    elsewhere (transformers' DynamicCache)."""
+    if not model.device.startswith(STORE_DEVICES):
+        return None
+    from hsd_cli.batch.resolve import a4_page
+    from hsd_cli.serving.rows import row_slots
+
+    return row_slots(model, a4_page(config.dpi, config.max_pixels))

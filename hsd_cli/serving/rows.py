@@ -63,16 +63,14 @@ def device_rows_choice(model: ModelConfig, page: Image.Image) -> RowsChoice:
     from transformers import AutoConfig
 
     from hsd_cli.processes import available_memory
-    from hsd_cli.decoding.hf_target.footprint import device_memory, model_footprint, prompt_tokens
-    from hsd_cli.models.family_settings import settings_for
+    from hsd_cli.decoding.hf_target.footprint import device_memory, model_footprint
 
     device_bytes = device_memory(model.device)
     if device_bytes is None:
         return RowsChoice(1, "the model runs on the CPU; --max-rows N keeps more in flight")
     config = AutoConfig.from_pretrained(model.model, trust_remote_code=model.trust_remote_code)
     footprint = model_footprint(config, model.dtype, model.trust_remote_code)
-    prompt = settings_for(model.family).page_prompt
-    tokens = prompt_tokens(model.model, model.family, page, prompt, model.trust_remote_code) + model.max_new_tokens
+    tokens = row_tokens(model, page)
     on_device = device_rows(device_bytes, footprint.weight_bytes, footprint.row_bytes(tokens))
     why = f"{model.device}'s {device_bytes / GIB:.0f} GiB hold {on_device} rows of {tokens:,} tokens"
     host_bytes = available_memory()
@@ -80,6 +78,25 @@ def device_rows_choice(model: ModelConfig, page: Image.Image) -> RowsChoice:
         return RowsChoice(bounded(on_device), why)
     on_host = host_rows(host_bytes)
     return RowsChoice(bounded(on_device, on_host), f"{why}; half the host's {host_bytes / GIB:.0f} GiB available, {on_host} documents")
+
+
+def row_tokens(model: ModelConfig, page: Image.Image) -> int:
+    """A row at its longest: the prompt of `page` (the largest the run expects) and the family's
+    `max_new_tokens`."""
+    from hsd_cli.decoding.hf_target.footprint import prompt_tokens
+    from hsd_cli.models.family_settings import settings_for
+
+    prompt = settings_for(model.family).page_prompt
+    return prompt_tokens(model.model, model.family, page, prompt, model.trust_remote_code) + model.max_new_tokens
+
+
+def row_slots(model: ModelConfig, page: Image.Image) -> int:
+    """The KV store's slots a row: its longest (`row_tokens`) and the widest tree a step verifies
+    past it (the largest width bucket: tree.WIDTH_BUCKETS), so that the store is allocated once at
+    the budget the rows were chosen for, never doubled past it."""
+    from hsd_cli.decoding.tree import WIDTH_BUCKETS
+
+    return row_tokens(model, page) + WIDTH_BUCKETS[-1]
 
 
 def page_count(path: Path, kind: str | None, password: str | None) -> int:

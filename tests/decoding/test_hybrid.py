@@ -125,12 +125,14 @@ def test_a_linear_attention_layer_of_another_layout_is_refused():
         linear_attention_layers(torch.nn.Sequential(Qwen3NextGatedDeltaNet()))
 
 
-# -- on the tiny Qwen3.5 ----------------------------------------------------------------------
+# -- on the tiny Qwen3.5 and MiniCPM models -------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def hybrid(tmp_path_factory):
-    return load_target(str(build_tiny_random("qwen3_5", tmp_path_factory.mktemp("qwen3_5"))), device="cpu", dtype="float32")
+# The families over Qwen3.5's hybrid text model: its own, and MiniCPM's (1-D and canvas positions).
+@pytest.fixture(scope="module", params=["qwen3_5", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7"])
+def hybrid(request, tmp_path_factory):
+    family = request.param
+    return load_target(str(build_tiny_random(family, tmp_path_factory.mktemp(family))), device="cpu", dtype="float32")
 
 
 def linear_states(state) -> list[torch.Tensor]:

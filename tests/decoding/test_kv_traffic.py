@@ -62,3 +62,19 @@ def test_the_bench_command_prints_and_writes_both_caches(tmp_path):
     assert "57344 bytes a token" in result.output
     figures = json.loads(out.read_text())["figures"]
     assert [f["cache"] for f in figures] == ["dynamic", "store"] and figures[1]["step_written"] < figures[0]["step_written"]
+    attention = json.loads(out.read_text())["attention"]
+    assert [a["attention"] for a in attention] == ["sdpa", "hsd"] and attention[1]["moved"] < attention[0]["moved"]
+
+
+@pytest.mark.parametrize("rows", [8, 32])
+def test_folded_attention_reads_the_cache_once_where_sdpa_copies_it_per_query_head(rows):
+    from hsd_cli.bench.kv_counting import attention_traffic
+
+    groups = 28 // QWEN25_VL_7B.kv_heads
+    for context in (3000, 6000):
+        cache = rows * (context + NODES) * QWEN25_VL_7B.bytes_per_token  # keys and values, every layer
+        repeated = attention_traffic(QWEN25_VL_7B, rows, context, folded=False, nodes=NODES)
+        folded = attention_traffic(QWEN25_VL_7B, rows, context, folded=True, nodes=NODES)
+        assert repeated.copied >= groups * cache and repeated.kernel_read >= groups * cache
+        assert cache <= folded.kernel_read < 1.2 * cache, "the cache read once, the repeated mask small beside it"
+        assert folded.copied < 0.2 * cache and folded.moved < repeated.moved / 10

@@ -5,6 +5,7 @@ from hsd_cli.decoding.proposer import (
     ProposerConfig,
     TextDraftProposer,
     build_trie,
+    node_source,
     normalise,
 )
 from hsd_cli.decoding.tree import tree_layout
@@ -12,6 +13,20 @@ from hsd_cli.decoding.tree import tree_layout
 
 def children_of(tree, node):
     return [tree.tokens[i] for i, p in enumerate(tree.parents) if p == node]
+
+
+def path_to(tree, node):
+    """The tokens below the root down to `node`."""
+    tokens = []
+    while node > 0:
+        tokens.append(tree.tokens[node])
+        node = tree.parents[node]
+    return tokens[::-1]
+
+
+def sources_of(tree, continuations):
+    """Every node's draft position, as a proposer looks up the one its step accepted."""
+    return [node_source(continuations, path_to(tree, node)) for node in range(len(tree))]
 
 
 def test_unique_match_proposes_rest_of_draft_as_capped_chain():
@@ -59,13 +74,10 @@ def test_trie_respects_depth_and_budget_and_parents_precede_children():
 
 
 def test_best_first_flattening_goes_deep_on_the_best_continuation():
-    tree, sources = build_trie(
-        0,
-        [Continuation([1, 2, 3, 4], 1, (0, 10)), Continuation([5, 6, 7, 8], 9, (1, 20))],
-        budget=5,
-    )
+    continuations = [Continuation([1, 2, 3, 4], 1, (0, 10)), Continuation([5, 6, 7, 8], 9, (1, 20))]
+    tree = build_trie(0, continuations, budget=5)
     assert tree.tokens == (0, 5, 6, 7, 8, 1)
-    assert sources == [None, (1, 20), (1, 21), (1, 22), (1, 23), (0, 10)]
+    assert sources_of(tree, continuations) == [None, (1, 20), (1, 21), (1, 22), (1, 23), (0, 10)]
 
 
 def test_resynchronises_after_a_substitution_in_the_draft():
@@ -167,15 +179,16 @@ def test_trie_takes_nodes_by_score_then_sharing_and_keeps_the_best_continuations
         Continuation([1, 5], 7, (2, 30)),
         Continuation([6], 5, (0, 40)),
     ]
-    tree, sources = build_trie(9, continuations, budget=10)
+    tree = build_trie(9, continuations, budget=10)
+    sources = sources_of(tree, continuations)
     # 1 (best score, 7) -> 5 (7); then 2 (score 5, shared by two) before 6 (5, alone); 3 and 4 last
     assert tree.tokens == (9, 1, 5, 2, 6, 3, 4)
     assert tree.parents == (-1, 0, 1, 1, 0, 3, 3)
     assert tree.evidence == 7
     assert sources == [None, (2, 30), (2, 31), (0, 11), (0, 40), (0, 12), (1, 22)]
-    cut, cut_sources = build_trie(9, continuations, budget=3)
-    assert cut.tokens == (9, 1, 5, 2) and cut_sources == sources[:4]
-    assert build_trie(9, [], budget=10)[0].tokens == (9,)
+    cut = build_trie(9, continuations, budget=3)
+    assert cut.tokens == (9, 1, 5, 2) and sources_of(cut, continuations) == sources[:4]
+    assert build_trie(9, [], budget=10).tokens == (9,)
 
 
 def test_the_output_so_far_is_a_draft_too():
@@ -204,3 +217,45 @@ def test_start_forgets_the_previous_sequences_output_but_keeps_the_drafts():
     proposer.start()
     assert proposer.propose([9, 1, 2]).tokens == (2,), "the last sequence's output is no draft of this one"
     assert proposer.propose([9, 1, 2, 4, 5]).tokens == (5, 6)
+
+
+def best_first_one_node_at_a_time(root, continuations, budget):
+    """`build_trie`'s order spelt out: a heap of (-score, -continuations through the node, serial)
+    popped one node at a time, with a node's children grouped when it is taken."""
+    import heapq
+
+    tokens, parents, frontier, serial = [root], [-1], [], 0
+
+    def push_children(through, depth, index):
+        nonlocal serial
+        children = {}
+        for item in through:
+            if depth < len(item.tokens):
+                children.setdefault(item.tokens[depth], []).append(item)
+        for token, sharing in children.items():
+            heapq.heappush(frontier, (-sharing[0].score, -len(sharing), serial, index, token, sharing, depth + 1))
+            serial += 1
+
+    push_children(sorted(continuations, key=lambda c: -c.score), 0, 0)
+    while frontier and len(tokens) <= budget:
+        _, _, _, parent, token, sharing, depth = heapq.heappop(frontier)
+        tokens.append(token)
+        parents.append(parent)
+        push_children(sharing, depth, len(tokens) - 1)
+    return tuple(tokens), tuple(parents)
+
+
+def test_trie_is_the_best_first_heaps_node_for_node_on_random_continuations():
+    # Few distinct tokens: continuations share prefixes, end at every depth and tie on scores,
+    # so every way `build_trie` takes several nodes at once is met.
+    import random
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        continuations = [
+            Continuation(rng.choice([list, tuple])(rng.randint(0, 3) for _ in range(rng.randint(0, 8))), rng.choice([1, 1, 2, 5]), (0, 0))
+            for _ in range(rng.randint(0, 6))
+        ]  # token lists and tuples alike
+        budget = rng.randint(0, 20)
+        tree = build_trie(9, continuations, budget)
+        assert (tree.tokens, tree.parents) == best_first_one_node_at_a_time(9, continuations, budget), (continuations, budget)

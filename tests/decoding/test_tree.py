@@ -120,3 +120,20 @@ def test_trees_padded_to_a_given_width_keep_their_layout():
     assert (padded.depths[:, 3:] == 0).all() and (padded.parents[:, 3:] == -1).all()
     alone = batch_trees(trees[:1], width=4)
     assert alone.width == 4 and alone.valid.tolist() == [[True, True, True, False]]
+
+
+def test_a_batch_whose_every_row_branches_lays_out_each_row_as_its_own_tree():
+    trees = [TokenTree((1, 2, 3, 4, 5, 6), (-1, 0, 0, 1, 2, 4)), TokenTree((3, 4, 5), (-1, 0, 0)), TokenTree((7, 8, 9, 1), (-1, 0, 1, 0))]
+    batch = batch_trees(trees)
+    for row, tree in enumerate(trees):
+        size, layout = len(tree), tree_layout(tree.parents)
+        np.testing.assert_array_equal(batch.ancestors[row, :size, :size].numpy(), layout.ancestors)
+        np.testing.assert_array_equal(batch.depths[row, :size].numpy(), layout.depths)
+        np.testing.assert_array_equal(batch.ancestors[row, size:].numpy(), np.eye(6, dtype=bool)[size:])
+        assert batch.depths[row, size:].tolist() == [0] * (6 - size)
+
+
+def test_trees_built_unchecked_equal_the_checked_ones():
+    assert TokenTree.chain(4, [5, 6], evidence=2) == TokenTree((4, 5, 6), (-1, 0, 1), 2)
+    assert TokenTree.built([1, 2, 3], range(-1, 2)) == TokenTree((1, 2, 3), (-1, 0, 1))
+    assert TokenTree((1, 2, 3), (-1, 0, 0), 5).first(2) == TokenTree((1, 2), (-1, 0), 5)

@@ -12,6 +12,7 @@ from hsd_cli.decoding.verify import (
     keyed_sample,
     processed_probs,
     relax_path,
+    sample_and_match,
     sample_tokens,
     verify_trees,
 )
@@ -211,3 +212,32 @@ def test_near_lossless_takes_the_closest_child_the_rule_allows():
     not_two = NearLossless(0.75, lambda output, draft, pick: draft != 2)
     assert relaxed_walk(tokens, parents, logits, not_two) == StepOutcome([0, 2], 5, relaxed=1)
     assert relaxed_walk(tokens, parents, logits, ANYWHERE).path == [0, 1]
+
+
+def test_greedy_outcomes_are_the_walk_from_each_root_down_the_children_that_carry_the_picks():
+    # Logits that mostly pick a child's token, so walks go deep as well as ending at the root, in
+    # chains, tries and padded rows; `sample_and_match`'s walk, with the argmax, is the reference.
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        trees = []
+        for _ in range(rng.randint(1, 5)):
+            size = rng.randint(1, 12)
+            parents = [-1] + [rng.choice([node - 1, node - 1, rng.randrange(node)]) for node in range(1, size)]
+            tokens = [rng.randrange(6)]
+            for node in range(1, size):  # a node's children carry distinct tokens, as in tries and chains
+                taken = {tokens[kid] for kid in range(1, node) if parents[kid] == parents[node]}
+                tokens.append(rng.choice([token for token in range(12) if token not in taken]))
+            trees.append(TokenTree(tuple(tokens), tuple(parents)))
+        batch = batch_trees(trees)
+        node_picks = []
+        for tree in trees:
+            for node in range(len(tree)):
+                children = [tree.tokens[kid] for kid in range(len(tree)) if tree.parents[kid] == node]
+                node_picks.append(rng.choice(children) if children and rng.random() < 0.8 else rng.randrange(12))
+        logits = torch.nn.functional.one_hot(torch.tensor(node_picks), 12).float()
+        rows, walks = len(trees), []
+        for row, (tree, tree_logits) in enumerate(zip(trees, logits.split([len(tree) for tree in trees]))):
+            walks.append(sample_and_match(tree.tokens, tree.parents, tree_logits, SamplingConfig(), row, 3))
+        assert verify_trees(batch, logits, list(range(rows)), [3] * rows, [SamplingConfig()] * rows) == walks

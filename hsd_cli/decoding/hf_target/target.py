@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from PIL import Image
 
+from .attention import tree_forward, use_hsd_attention
 from .cache import BatchState, check_cache_layout, commit_linear_states, join_rows, keep_nodes, keep_rows
 from .devices import DTYPES, default_device, default_dtype
 from .families import IMAGE_FIRST, ChatLayout, FamilyAdapter, adapter_for
@@ -158,6 +159,7 @@ class HFTarget:
         plain = width == 1 and self._aligned(state) and bool(visibility.all())
         padded = valid is not None and not bool(valid.all())
         with ExitStack() as scoped:
+            scoped.enter_context(tree_forward())
             if padded:
                 scoped.enter_context(self._output_layer_only_at(valid))
             # A one-token step is the layers' own: they update their states as `generate` does.
@@ -268,7 +270,8 @@ def load_target(
     layout: ChatLayout = IMAGE_FIRST,
     kv_store: StoreConfig | None = None,
 ) -> HFTarget:
-    """Load a model by hub id or local directory for speculative decoding."""
+    """Load a model by hub id or local directory for speculative decoding. Its SDPA attention
+    becomes hsd's (attention.py) unless `attn_implementation` names one."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     check_cache_layout()  # before loading any weights
@@ -282,4 +285,6 @@ def load_target(
         model, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs
     )
     network.to(device).eval()
+    if not attn_implementation:
+        use_hsd_attention(network)  # SDPA's configs: tree forwards fold head groups (attention.py)
     return HFTarget(network, processor, adapter, layout, kv_store)

@@ -53,7 +53,7 @@ def _qwen3_vl(tokenizer, tokens, text, common):
     return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
 
 
-def _hybrid_text(text: dict) -> dict:
+def hybrid_text(text: dict) -> dict:
     """Qwen3.5's hybrid text settings around the shared tiny ones: linear and full attention in
     turn (the real models: three linear layers to one full), with grouped value heads as the real
     models have (Qwen3.5: 16 key heads, 32 value heads)."""
@@ -73,7 +73,7 @@ QWEN3_5_VISION = dict(
 def _qwen3_5(tokenizer, tokens, text, common):
     from transformers import Qwen3_5Config
 
-    return Qwen3_5Config(text_config=_hybrid_text(text), vision_config=QWEN3_5_VISION, **common)
+    return Qwen3_5Config(text_config=hybrid_text(text), vision_config=QWEN3_5_VISION, **common)
 
 
 def _qwen3_5_moe(tokenizer, tokens, text, common):
@@ -81,10 +81,10 @@ def _qwen3_5_moe(tokenizer, tokens, text, common):
 
     # Four experts, two per token, and the shared expert, each as narrow as a tiny MLP half.
     moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
-    return Qwen3_5MoeConfig(text_config=dict(_hybrid_text(text), **moe), vision_config=QWEN3_5_VISION, **common)
+    return Qwen3_5MoeConfig(text_config=dict(hybrid_text(text), **moe), vision_config=QWEN3_5_VISION, **common)
 
 
-def _hybrid_weights(model) -> None:
+def hybrid_weights(model) -> None:
     """Weights under which the tests can see what goes wrong in a hybrid model.
 
     Slow decays in every Gated DeltaNet layer: transformers draws A in [0.01, 16], so with random
@@ -156,8 +156,8 @@ RECIPES = {
     "qwen2_vl": TinyRecipe(_qwen2_vl, _processor("qwen2_vl")),
     "qwen2_5_vl": TinyRecipe(_qwen2_5_vl, _processor("qwen2_5_vl")),
     "qwen3_vl": TinyRecipe(_qwen3_vl, _processor("qwen3_vl")),
-    "qwen3_5": TinyRecipe(_qwen3_5, _processor("qwen3_5"), weights=_hybrid_weights),
-    "qwen3_5_moe": TinyRecipe(_qwen3_5_moe, _processor("qwen3_5_moe"), weights=_hybrid_weights),
+    "qwen3_5": TinyRecipe(_qwen3_5, _processor("qwen3_5"), weights=hybrid_weights),
+    "qwen3_5_moe": TinyRecipe(_qwen3_5_moe, _processor("qwen3_5_moe"), weights=hybrid_weights),
     "paddleocr_vl": TinyRecipe(_paddleocr_vl, _processor("paddleocr_vl"), PADDLE_TOKENS),
     "hunyuan_vl": TinyRecipe(_hunyuan_vl, _processor("hunyuan_vl"), HUNYUAN_TOKENS),
     "glm_ocr": TinyRecipe(_glm_ocr, _processor("glm_ocr"), GLM_OCR_TOKENS),

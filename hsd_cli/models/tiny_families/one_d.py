@@ -1,5 +1,5 @@
-"""Tiny recipes of the families with 1-D positions (Idefics3, LightOnOCR, Qianfan-OCR, GOT-OCR
-2.0): the shared two-layer text model as the family's own text model type, without M-RoPE."""
+"""Tiny recipes of the families with 1-D positions (Idefics3, Granite-Docling, LightOnOCR, Mistral3, Qianfan-OCR,
+GOT-OCR 2.0): the shared two-layer text model as the family's own text model type, without M-RoPE."""
 
 from __future__ import annotations
 
@@ -35,6 +35,33 @@ def _idefics3_processor(tokenizer, config):
     return Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
 
 
+def _granite_docling(tokenizer, tokens, text, common):
+    from transformers import GraniteDoclingConfig
+
+    # 32-pixel tiles of 8-pixel patches: 16 patches, pixel-shuffled by 2 to 4 tokens a tile (the
+    # fine path, by 1, to 16); DeepStack features from both vision layers into the first two text layers.
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
+        scale_factor=2, out_hidden_size=text["hidden_size"], deepstack_visual_indexes=[0, 1],
+    )
+    # Granite's multipliers, with logits unscaled: at the other families' scale, so that the
+    # logits-rule tests' bigram bonus and penalties reorder tokens as they do there.
+    granite = dict(_one_d(text, "granite_docling_text"), embedding_multiplier=2.0, logits_scaling=1.0, residual_multiplier=0.5)
+    del granite["head_dim"]
+    return GraniteDoclingConfig(text_config=granite, vision_config=vision, image_token_id=common["image_token_id"], tie_word_embeddings=False)
+
+
+def _granite_docling_processor(tokenizer, config):
+    from transformers import GraniteDoclingProcessor
+    from transformers.models.granite_docling.image_processing_pil_granite_docling import GraniteDoclingImageProcessorPil
+
+    # Pages split into 2 or 3 tiles of the vision tower's size and a thumbnail: 12 or 16 image
+    # tokens, tagged by row and column as the real processor tags them.
+    side = config.vision_config.image_size
+    image_processor = GraniteDoclingImageProcessorPil(size={"height": side, "width": side}, min_patches=2, max_patches=3)
+    return GraniteDoclingProcessor(image_processor, tokenizer, image_seq_len=4, chat_template=tokenizer.chat_template)
+
+
 def _lighton_ocr(tokenizer, tokens, text, common):
     from transformers import LightOnOcrConfig
 
@@ -58,6 +85,18 @@ def _lighton_ocr_processor(tokenizer, config):
     return LightOnOcrProcessor(
         image_processor, tokenizer, patch_size=config.vision_config.patch_size,
         spatial_merge_size=config.spatial_merge_size, chat_template=tokenizer.chat_template,
+    )
+
+
+def _mistral3(tokenizer, tokens, text, common):
+    from transformers import Mistral3Config
+
+    # LightOnOCR-2's layout: LightOnOCR's Pixtral tower and Qwen3 text model (tied embeddings) as a
+    # Mistral3 model, whose patch merger and projector differ from LightOnOCR's.
+    lighton = _lighton_ocr(tokenizer, tokens, text, common)
+    return Mistral3Config(
+        text_config=lighton.text_config.to_dict(), vision_config=lighton.vision_config.to_dict(),
+        image_token_index=common["image_token_id"], spatial_merge_size=lighton.spatial_merge_size,
     )
 
 
@@ -106,7 +145,10 @@ def _got_ocr2_processor(tokenizer, config):
 
 RECIPES = {
     "idefics3": TinyRecipe(_idefics3, _idefics3_processor, IDEFICS3_TOKENS),
+    "granite_docling": TinyRecipe(_granite_docling, _granite_docling_processor, IDEFICS3_TOKENS),
     "lighton_ocr": TinyRecipe(_lighton_ocr, _lighton_ocr_processor, LIGHTON_OCR_TOKENS),
+    # LightOnOCR-2's processor is LightOnOCR's: image tokens without row breaks.
+    "mistral3": TinyRecipe(_mistral3, _lighton_ocr_processor, LIGHTON_OCR_TOKENS),
     "qianfan_ocr": TinyRecipe(_qianfan_ocr, _qianfan_ocr_processor, QIANFAN_OCR_TOKENS),
     "got_ocr2": TinyRecipe(_got_ocr2, _got_ocr2_processor, GOT_OCR2_TOKENS),
 }

@@ -8,8 +8,12 @@ from __future__ import annotations
 from .base import IMAGE_FIRST, ChatLayout, FamilyAdapter
 from .deepseek_ocr2 import DeepseekOcr2Adapter
 from .kosmos2_5 import Kosmos25Adapter
+from .minicpm import MiniCPMOcrAdapter, MiniCPMV46Adapter, MiniCPMV47Adapter
 from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter, Qwen35Adapter
-from .one_d import GotOcr2Adapter, Idefics3Adapter, LightOnOcrAdapter, QianfanOcrAdapter, got_ocr2_image_tokens
+from .one_d import (
+    GotOcr2Adapter, Granite4VisionAdapter, GraniteDoclingAdapter, Idefics3Adapter, LightOnOcrAdapter, Mistral3Adapter, QianfanOcrAdapter,
+    got_ocr2_image_tokens,
+)
 
 __all__ = ["ADAPTERS", "IMAGE_FIRST", "REFUSED", "ChatLayout", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
 
@@ -19,28 +23,16 @@ ADAPTERS: dict[str, FamilyAdapter] = {
         Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), Qwen35Adapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
         Idefics3Adapter(), LightOnOcrAdapter(), QianfanOcrAdapter(), GotOcr2Adapter(),
         Kosmos25Adapter(), DeepseekOcr2Adapter(),
+        Mistral3Adapter(), GraniteDoclingAdapter(), Granite4VisionAdapter(),
+        MiniCPMOcrAdapter(), MiniCPMV46Adapter(), MiniCPMV47Adapter(),
     )
     for t in a.model_types
 }
 
 
-def _minicpm(text_model: str, processor: str) -> str:
-    # The text model is one the target verifies trees of (hybrid.py, as for qwen3_5); what is
-    # missing is the family's adapter and tiny recipe.
-    return (
-        f"its text model ({text_model}) has Gated DeltaNet linear-attention layers, which hsd verifies as for qwen3_5, "
-        f"but no adapter reads this family yet: {processor}, and its model encodes only a batched prefill's first image"
-    )
-
-
 # Model types that OCR users run but that hsd does not decode yet, with the reason `adapter_for`
 # and `hsd models` give (README lists the models behind each).
-_MINICPM_V = "its processor slices pages and numbers images with id tokens"
-REFUSED: dict[str, str] = {
-    "minicpm_ocr": _minicpm("qwen3_5_text", "its image processor has only a torchvision backend"),
-    "minicpmv4_6": _minicpm("qwen3_5_text", _MINICPM_V),
-    "minicpmv4_7": _minicpm("qwen3_5_text", _MINICPM_V),
-}
+REFUSED: dict[str, str] = {}
 
 
 class UnsupportedFamilyError(ValueError):

@@ -1,5 +1,5 @@
-"""Families with plain 1-D positions: Idefics3 (SmolDocling, granite-docling), LightOnOCR,
-Qianfan-OCR, GOT-OCR 2.0."""
+"""Families with plain 1-D positions: Idefics3 (SmolDocling, granite-docling-258M),
+Granite-Docling (granite-for-docling), LightOnOCR, Mistral3 (LightOnOCR-2), Qianfan-OCR, GOT-OCR 2.0."""
 
 from __future__ import annotations
 
@@ -36,11 +36,51 @@ class Idefics3Adapter(FamilyAdapter):
         return [[im] if im is not None else [] for im in images] if any(im is not None for im in images) else None
 
 
+class GraniteDoclingAdapter(Idefics3Adapter):
+    """Granite-Docling's model type of transformers 5.23 (granite-for-docling): Idefics3's layout
+    (512-pixel tiles and a thumbnail, tagged by row and column) over a Granite text model with
+    plain 1-D positions, with DeepStack vision features added at the image tokens during the
+    prefill only. Pages take the processor's default (coarse) connector path, as `generate` does
+    unless the caller routes them to the fine one. (granite-docling-258M is model type idefics3.)"""
+
+    model_types = ("granite_docling",)
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoTokenizer, GraniteDoclingProcessor
+        from transformers.models.granite_docling.image_processing_pil_granite_docling import GraniteDoclingImageProcessorPil
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config_file = model_file(path, "processor_config.json")
+        settings = json.loads(config_file.read_text()) if config_file is not None else {}
+        return GraniteDoclingProcessor(
+            GraniteDoclingImageProcessorPil.from_pretrained(path), tokenizer,
+            image_seq_len=settings.get("image_seq_len", 64), chat_template=processor_chat_template(path) or tokenizer.chat_template,
+        )
+
+
 class LightOnOcrAdapter(FamilyAdapter):
     """LightOnOCR: a Pixtral vision encoder over a Qwen3 text model with plain 1-D positions;
     AutoProcessor's processor (its image processor falls back to PIL without torchvision)."""
 
     model_types = ("lighton_ocr",)
+
+
+class Mistral3Adapter(FamilyAdapter):
+    """Mistral3 (LightOnOCR-2, Mistral Small 3.x): a Pixtral vision encoder and patch merger over
+    a text model with plain 1-D positions (Qwen3 in LightOnOCR-2); AutoProcessor's processor (the
+    checkpoint's own, or PixtralProcessor; its image processor falls back to PIL without
+    torchvision). Images add break and end tokens to the image tokens, as in LightOnOCR."""
+
+    model_types = ("mistral3",)
+
+
+class Granite4VisionAdapter(FamilyAdapter):
+    """Granite 4 Vision: LLaVA-NeXT's tiled images through windowed Q-Former downsamplers over a
+    Granite text model with plain 1-D positions; DeepStack and spatial vision features are added
+    at the image tokens during the prefill only. AutoProcessor's processor (its LLaVA-NeXT image
+    processor falls back to PIL without torchvision)."""
+
+    model_types = ("granite4_vision",)
 
 
 class QianfanOcrAdapter(FamilyAdapter):
