@@ -11,11 +11,12 @@ import torch
 
 from hsd_cli.models.tiny import build_tiny_tokenizer, text_settings, vision_token_settings
 from hsd_cli.models.tiny_families import deepseek_ocr2, kosmos2_5, mrope, one_d
-from hsd_cli.models.tiny_families import granite4_vision
+from hsd_cli.models.tiny_families import granite4_vision, unlimited_ocr
 from hsd_cli.models.tiny_families.recipe import TinyRecipe
 
 RECIPES: dict[str, TinyRecipe] = {**mrope.RECIPES, **one_d.RECIPES, **kosmos2_5.RECIPES, **deepseek_ocr2.RECIPES}
 RECIPES.update(granite4_vision.RECIPES)
+RECIPES.update(unlimited_ocr.RECIPES)
 TINY_FAMILIES = tuple(RECIPES)
 
 

@@ -11,6 +11,7 @@ from .kosmos2_5 import Kosmos25Adapter
 from .mrope import GlmOcrAdapter, HunYuanVLAdapter, PaddleOCRVLAdapter, Qwen2VLAdapter, Qwen3VLAdapter, Qwen25VLAdapter, Qwen35Adapter
 from .one_d import GotOcr2Adapter, Idefics3Adapter, LightOnOcrAdapter, QianfanOcrAdapter, got_ocr2_image_tokens
 from .one_d import Granite4VisionAdapter, GraniteDoclingAdapter, Mistral3Adapter
+from .unlimited_ocr import UnlimitedOcrAdapter
 
 __all__ = ["ADAPTERS", "IMAGE_FIRST", "REFUSED", "ChatLayout", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
 
@@ -20,7 +21,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
         Qwen2VLAdapter(), Qwen25VLAdapter(), Qwen3VLAdapter(), Qwen35Adapter(), PaddleOCRVLAdapter(), HunYuanVLAdapter(), GlmOcrAdapter(),
         Idefics3Adapter(), LightOnOcrAdapter(), QianfanOcrAdapter(), GotOcr2Adapter(),
         Kosmos25Adapter(), DeepseekOcr2Adapter(),
-        Mistral3Adapter(), GraniteDoclingAdapter(), Granite4VisionAdapter(),
+        Mistral3Adapter(), GraniteDoclingAdapter(), Granite4VisionAdapter(), UnlimitedOcrAdapter(),
     )
     for t in a.model_types
 }
