@@ -14,7 +14,7 @@ import pytest
 
 import hsd_cli
 import hsd_cli.configs
-from hsd_cli.decoding.hf_target.families import ADAPTERS, REFUSED
+from hsd_cli.decoding.hf_target.families import ADAPTERS
 from hsd_cli.models.family_settings import all_settings, settings_for
 from hsd_cli.models.tiny_families import TINY_FAMILIES
 from hsd_cli.settings_files import SettingsFileError
@@ -87,44 +87,28 @@ def test_hsd_models_lists_every_family_from_the_installed_package(user_config_ho
     assert [s.family for s in all_settings()] == CHECKOUT_FAMILIES
 
 
-def test_hsd_models_lists_the_refused_families_with_their_reasons():
-    result = run_hsd("models", "--json")
-    assert result.exit_code == 0, result.output
-    listing = json.loads(result.stdout)
-    assert {f["family"]: f["reason"] for f in listing["refused"]} == REFUSED
-    shown = run_hsd("models")
-    assert shown.exit_code == 0, shown.output
-    assert all(model_type in shown.stdout for model_type in REFUSED)
-    # The table of refused families is shown only when there is one.
-    assert ("Refused families" in shown.stdout) == bool(REFUSED)
-
-
-def readme_model_tables() -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
-    """README's tables of the families hsd serves and of those it refuses ("With a VLM"), each
-    row's cells by column name, keyed by the family's model_type."""
+def readme_served_table() -> dict[str, dict[str, str]]:
+    """README's table of the families hsd serves ("With a VLM"), each row's cells by column name,
+    keyed by the family's model_type."""
     readme = (CHECKOUT / "README.md").read_text(encoding="utf-8")
     section = readme.split("### With a VLM", 1)[1].split("\n### ", 1)[0]
     tables = []
     for block in re.findall(r"(?:^\|.*\|\n)+", section, flags=re.MULTILINE):
         header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()]
         tables.append({row[0].strip("`"): dict(zip(header, row)) for row in rows})
-    served = next(t for t in tables if all("model ids" in row for row in t.values()))
-    # No table of refused families while hsd refuses none.
-    refused = next((t for t in tables if all(any(column.startswith("text model") for column in row) for row in t.values())), {})
-    return served, refused
+    return next(t for t in tables if all("model ids" in row for row in t.values()))
 
 
-def test_the_readme_tables_list_every_family_hsd_serves_or_refuses():
-    """Every family with a settings file, its known ids, and every refused family, as the code has
-    them; `default` holds the settings of a family without a file of its own, not a family."""
-    served, refused = readme_model_tables()
+def test_the_readme_table_lists_every_family_hsd_serves():
+    """Every family with a settings file and its known ids, as the code has them; `default` holds
+    the settings of a family without a file of its own, not a family."""
+    served = readme_served_table()
     settings = {s.family: s for s in all_settings() if s.family != "default"}
     assert set(served) == set(settings) == set(ADAPTERS)
     for family, row in served.items():
         assert set(re.findall(r"`([^`]+)`", row["model ids"])) == set(settings[family].known_ids), family
         if "tiny random" in row["tested here"]:
             assert family in TINY_FAMILIES
-    assert set(refused) == set(REFUSED)
 
 
 def test_user_settings_replace_a_family_whole_and_add_new_ones(user_config_home):

@@ -27,9 +27,7 @@ def reads(recipe) -> str:
 def models(
     json: Annotated[bool, typer.Option("--json", help="Print the list as JSON on stdout.")] = False,
 ) -> None:
-    """List the model families hsd has settings for, their known models and whether each is present, and the
-    families hsd refuses with the reason."""
-    from hsd_cli.decoding.hf_target.families import REFUSED
+    """List the model families hsd has settings for, their known models and whether each is present."""
     from hsd_cli.models.family_settings import (
         PACKAGED_DIR,
         locate_model,
@@ -68,9 +66,8 @@ def models(
         "hf_home": os.environ.get("HF_HOME", "~/.cache/huggingface"),
         "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0"),
     }
-    refused = [{"family": model_type, "reason": reason} for model_type, reason in sorted(REFUSED.items())]
     if json:
-        sys.stdout.write(json_lib.dumps({"families": families, "refused": refused, "looked_in": where}) + "\n")
+        sys.stdout.write(json_lib.dumps({"families": families, "looked_in": where}) + "\n")
         return
     table = Table(title="VLM families (local directories work for any of them: --model DIR)", title_justify="left")
     for column in ("family", "settings", "model", "recipe", "present"):
@@ -79,15 +76,8 @@ def models(
         rows = family["models"] or [{"id": "(any local directory)", "path": None, "recipe": family["default_recipe"]}]
         for row in rows:
             table.add_row(family["family"], family["settings_from"], row["id"], row["recipe"], row["path"] or "no")
-    refusals = Table(title="Refused families (not decoded losslessly by hsd)", title_justify="left")
-    for column in ("family", "reason"):
-        refusals.add_column(column)
-    for family in refused:
-        refusals.add_row(family["family"], family["reason"])
     console = Console()
     console.print(table)
-    if refused:
-        console.print(refusals)
     console.print(
         f"settings packaged in {where['packaged_settings']}; user settings in {where['user_settings']}"
         f" (a file there replaces the packaged one of the same name). HF cache under {where['hf_home']}",

@@ -28,7 +28,7 @@ from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 
 from .test_bf16 import bf16_unit
-from .test_exactness import PROMPT, edit
+from .test_exactness import PROMPT, edit, prompt_cache
 
 LENGTH = 96
 CONFIG = DecodeConfig(max_new_tokens=LENGTH, repetition_guard=False)
@@ -74,6 +74,8 @@ def plain_decoding(target, image, prompt, prefix=(), length=LENGTH):
     """transformers' greedy `generate` of one row alone, continuing after `prefix` (tokens the row
     already emitted, prefilled with the prompt): its tokens and (fp32 copies of) its logits."""
     inputs = target.inputs([image], [prompt])
+    # The prefix is output, not prompt, where a model counts a window over output from the prompt's end.
+    prompt_as_prefill = prompt_cache(target.model, inputs["input_ids"].shape[1])
     if prefix:
         extra = torch.tensor([list(prefix)])
         inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
@@ -82,7 +84,7 @@ def plain_decoding(target, image, prompt, prefix=(), length=LENGTH):
             inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], 1)
     out = target.model.generate(
         **inputs, max_new_tokens=length, do_sample=False, eos_token_id=target.stop_token_ids,
-        output_logits=True, return_dict_in_generate=True,
+        output_logits=True, return_dict_in_generate=True, **prompt_as_prefill,
     )
     return out.sequences[0, inputs["input_ids"].shape[1] :].tolist(), torch.stack(out.logits)[:, 0].float()
 

@@ -30,6 +30,9 @@ class BatchState:
     # A hybrid model's tree forward: per linear-attention layer, what its commit rebuilds the
     # states from (None after a commit, and where the forward updated the states itself).
     linear_records: dict[int, NodeRecord] | None = None
+    # (B,) long, each row's prompt tokens: where a window over generated tokens starts counting
+    # (generated_window.py). Set by every prefill; None in states built by hand.
+    prompt_len: torch.Tensor | None = None
 
 
 def join_rows(parts: Sequence[BatchState]) -> BatchState:
@@ -50,8 +53,15 @@ def join_rows(parts: Sequence[BatchState]) -> BatchState:
     )
     joined.past_len = torch.cat([state.past_len for state in parts])
     joined.rope_delta = torch.cat([state.rope_delta.reshape(-1) for state in parts])
+    joined.prompt_len = joined_prompt_lengths(parts)
     joined.rows = [row for state in parts for row in state.rows]
     return joined
+
+
+def joined_prompt_lengths(parts: Sequence) -> torch.Tensor | None:
+    """The prompt lengths of every part's rows in order (None if a part has none)."""
+    lengths = [part.prompt_len for part in parts]
+    return None if any(held is None for held in lengths) else torch.cat(lengths)
 
 
 def join_linear_states(joined, caches: Sequence[object]) -> None:
@@ -113,6 +123,7 @@ def keep_rows(state: BatchState, keep: Sequence[int], device: torch.device) -> N
     state.slot_valid = valid[:, trim:]
     state.past_len = state.past_len[index]
     state.rope_delta = state.rope_delta[index]
+    state.prompt_len = None if state.prompt_len is None else state.prompt_len[index]
     state.rows = [state.rows[i] for i in keep]
 
 

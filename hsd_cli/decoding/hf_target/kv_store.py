@@ -28,7 +28,7 @@ from functools import cache
 
 import torch
 
-from .cache import BatchState, join_linear_states
+from .cache import BatchState, join_linear_states, joined_prompt_lengths
 from .delta_tree import NodeRecord
 
 # Room a new store leaves at least past its longest row: the first forwards' nodes fit in it.
@@ -236,6 +236,7 @@ class StoreState:
     # A hybrid model's tree forward: what its linear-attention layers' commit rebuilds their
     # states from (cache.py's `commit_linear_states`), as BatchState keeps it.
     linear_records: dict[int, NodeRecord] | None = None
+    prompt_len: torch.Tensor | None = None  # (B,) long, as BatchState keeps it
 
 
 def stored(state: BatchState, config: StoreConfig) -> StoreState:
@@ -262,7 +263,7 @@ def stored(state: BatchState, config: StoreConfig) -> StoreState:
         for index, layer in attention.items():
             store.write_prefill(index, layer.keys, layer.values, lengths)
     store.lengths = lengths.clone()
-    return StoreState(store_cache(store, layers), store, state.past_len, state.rope_delta, state.rows)
+    return StoreState(store_cache(store, layers), store, state.past_len, state.rope_delta, state.rows, prompt_len=state.prompt_len)
 
 
 # The store's tensors are made in inference mode (prefill, forward), so the edits below run in it too.
@@ -277,6 +278,7 @@ def join_stored(parts: Sequence[StoreState]) -> StoreState:
     join_linear_states(joined.cache, [part.cache for part in parts])
     joined.past_len = torch.cat([part.past_len for part in parts])
     joined.rope_delta = torch.cat([part.rope_delta.reshape(-1) for part in parts])
+    joined.prompt_len = joined_prompt_lengths(parts)
     joined.rows = [row for part in parts for row in part.rows]
     return joined
 
@@ -298,6 +300,7 @@ def keep_stored_rows(state: StoreState, keep: Sequence[int]) -> None:
             layer.reorder_cache(index)
     state.past_len = state.past_len[index]
     state.rope_delta = state.rope_delta[index]
+    state.prompt_len = None if state.prompt_len is None else state.prompt_len[index]
     state.rows = [state.rows[i] for i in order]
 
 

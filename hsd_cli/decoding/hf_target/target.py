@@ -19,6 +19,7 @@ from .devices import DTYPES, default_device, default_dtype
 from .families import IMAGE_FIRST, ChatLayout, FamilyAdapter, adapter_for
 from ..repetition import NO_ALLOWANCE, RepetitionAllowance
 from .generate import generate_plainly
+from .generated_window import generated_window, hide_outside_window, window_hides
 from .hybrid import linear_attention_layers, tree_form
 from .kv_store import StoreConfig, StoreState, commit_stored, join_stored, keep_stored_rows, store_mask, stored
 
@@ -40,7 +41,11 @@ class HFTarget:
         self.model_type: str = model.config.model_type
         self.device = model.device
         self.dtype = model.dtype
-        check_cache_layout(model.config)
+        # Unlimited-OCR's window over generated tokens (None: every token sees all before it).
+        # Its cache is plain layers, not the evicting ones its config names: the masks hide what
+        # the window leaves out (generated_window.py).
+        self.window = generated_window(model.config)
+        check_cache_layout(None if self.window else model.config)
         self.linear_layers = linear_attention_layers(model)  # a hybrid model's Gated DeltaNet layers
         self.stop_token_ids = adapter.stop_token_ids(model, self.tokenizer)
         self.vision_token_ids = adapter.vision_token_ids(model.config)
@@ -106,7 +111,7 @@ class HFTarget:
         """Run the prompt (and images); return the state and the last-position logits (B, V)."""
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache() if self.window else DynamicCache(config=self.model.config)
         position_ids, rope_delta = self.adapter.prefill_positions(self.model, inputs)
         out = self.model(**inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         attention = inputs["attention_mask"].bool().cpu()
@@ -116,6 +121,7 @@ class HFTarget:
             past_len=attention.sum(-1),
             rope_delta=rope_delta,
             rows=list(range(attention.shape[0])),
+            prompt_len=attention.sum(-1),
         )
         return state if self.kv_store is None else stored(state, self.kv_store), out.logits[:, -1, :].float()
 
@@ -156,7 +162,7 @@ class HFTarget:
         # None where one token per row sees every slot (plain decoding of unpadded rows), as
         # `generate` then gives attention none: bf16 attention with a mask of zeros can round
         # differently from attention without one.
-        plain = width == 1 and self._aligned(state) and bool(visibility.all())
+        plain = width == 1 and self._aligned(state) and bool(visibility.all()) and not self._window_hides(state, depths)
         padded = valid is not None and not bool(valid.all())
         with ExitStack() as scoped:
             scoped.enter_context(tree_forward())
@@ -168,7 +174,7 @@ class HFTarget:
             out = self.model(
                 input_ids=tokens.to(self.device),
                 position_ids=self.adapter.position_ids(self.model, positions).to(self.device),
-                attention_mask=None if plain else self._mask(state, visibility),
+                attention_mask=None if plain else self._mask(state, visibility, depths),
                 past_key_values=state.cache,
                 use_cache=True,
             )
@@ -203,11 +209,32 @@ class HFTarget:
         """Whether every row's cached slots are its own (no padding, no other row's longer entries)."""
         return state.store.aligned() if isinstance(state, StoreState) else bool(state.slot_valid.all())
 
-    def _mask(self, state: BatchState | StoreState, visibility: torch.Tensor) -> torch.Tensor:
-        """The forward's additive mask: over the store's views (ragged rows), or the padded cache."""
+    def _mask(self, state: BatchState | StoreState, visibility: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """The forward's additive mask: over the store's views (ragged rows), or the padded cache;
+        less what a window over generated tokens leaves out."""
         if isinstance(state, StoreState):
-            return store_mask(state.store.lengths, visibility, self.dtype, self.device)
-        return self._additive_mask(state.slot_valid, visibility)
+            mask = store_mask(state.store.lengths, visibility, self.dtype, self.device)
+        else:
+            mask = self._additive_mask(state.slot_valid, visibility)
+        return mask if self.window is None else self._windowed(state, mask, depths)
+
+    def _window_hides(self, state: BatchState | StoreState, depths: torch.Tensor) -> bool:
+        """Whether the window over generated tokens leaves out a token some node would see."""
+        return self.window is not None and window_hides(state.past_len[:, None] + depths, state.prompt_len, self.window)
+
+    def _windowed(self, state: BatchState | StoreState, mask: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """`mask` less the generated tokens each node's window leaves out (generated_window.py).
+        The text index of a mask column: a cached slot's rank among its row's real slots (the
+        store's rows have none but real ones), a tree node's the row's length plus its depth."""
+        nodes = state.past_len[:, None] + depths  # (B, K) the nodes' text indices
+        if isinstance(state, StoreState):
+            lengths, width = state.store.lengths, depths.shape[1]
+            offset = torch.arange(mask.shape[-1])[None, :] - lengths[:, None]  # slot - row length
+            node_column = nodes.gather(1, offset.clamp(0, width - 1))
+            columns = torch.where(offset < 0, offset + lengths[:, None], node_column)
+        else:
+            columns = torch.cat([state.slot_valid.long().cumsum(-1) - 1, nodes], dim=1)
+        return hide_outside_window(mask, columns, nodes, state.prompt_len, self.window)
 
     def _additive_mask(self, slot_valid: torch.Tensor, visibility: torch.Tensor) -> torch.Tensor:
         """(B, 1, K, L + K) float mask in the model dtype (boolean 4-D masks are silently wrong

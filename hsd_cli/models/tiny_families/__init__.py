@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 
 from hsd_cli.models.tiny import build_tiny_tokenizer, text_settings, vision_token_settings
-from hsd_cli.models.tiny_families import deepseek_ocr2, granite4_vision, kosmos2_5, minicpm, mrope, one_d
+from hsd_cli.models.tiny_families import deepseek_ocr2, granite4_vision, kosmos2_5, minicpm, mrope, one_d, unlimited_ocr
 from hsd_cli.models.tiny_families.recipe import TinyRecipe
 
 RECIPES: dict[str, TinyRecipe] = {
     **mrope.RECIPES, **one_d.RECIPES, **kosmos2_5.RECIPES, **deepseek_ocr2.RECIPES, **granite4_vision.RECIPES, **minicpm.RECIPES,
+    **unlimited_ocr.RECIPES,
 }
 TINY_FAMILIES = tuple(RECIPES)
 

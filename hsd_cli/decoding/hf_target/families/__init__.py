@@ -1,7 +1,7 @@
 """What differs between model families: processors, chat prompts, positions (1-D or M-RoPE with
 its rope deltas), image inputs, vision and stop tokens. One small `FamilyAdapter` per family (a
 module per kind of positions, or per family where it needs more); `adapter_for(model_type)` picks it,
-or refuses a family it does not decode yet (`REFUSED`) with the reason."""
+or names the families it knows when there is none."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from .one_d import (
     GotOcr2Adapter, Granite4VisionAdapter, GraniteDoclingAdapter, Idefics3Adapter, LightOnOcrAdapter, Mistral3Adapter, QianfanOcrAdapter,
     got_ocr2_image_tokens,
 )
+from .unlimited_ocr import UnlimitedOcrAdapter
 
-__all__ = ["ADAPTERS", "IMAGE_FIRST", "REFUSED", "ChatLayout", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
+__all__ = ["ADAPTERS", "IMAGE_FIRST", "ChatLayout", "FamilyAdapter", "UnsupportedFamilyError", "adapter_for", "got_ocr2_image_tokens"]
 
 ADAPTERS: dict[str, FamilyAdapter] = {
     t: a
@@ -25,25 +26,17 @@ ADAPTERS: dict[str, FamilyAdapter] = {
         Kosmos25Adapter(), DeepseekOcr2Adapter(),
         Mistral3Adapter(), GraniteDoclingAdapter(), Granite4VisionAdapter(),
         MiniCPMOcrAdapter(), MiniCPMV46Adapter(), MiniCPMV47Adapter(),
+        UnlimitedOcrAdapter(),
     )
     for t in a.model_types
 }
 
 
-# Model types that OCR users run but that hsd does not decode yet, with the reason `adapter_for`
-# and `hsd models` give (README lists the models behind each).
-REFUSED: dict[str, str] = {}
-
-
 class UnsupportedFamilyError(ValueError):
-    """A model family with no adapter, or refused; the message is one line."""
+    """A model family with no adapter; the message is one line."""
 
 
 def adapter_for(model_type: str) -> FamilyAdapter:
-    if model_type in REFUSED:
-        raise UnsupportedFamilyError(
-            f"model family {model_type!r} cannot be decoded losslessly by hsd: {REFUSED[model_type]}"
-        )
     try:
         return ADAPTERS[model_type]
     except KeyError:
