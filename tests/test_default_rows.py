@@ -33,7 +33,7 @@ def test_rows_fill_the_devices_share_beside_weights_and_workspace_and_half_the_h
 
 
 def test_on_the_cpu_the_default_is_one_row_and_nothing_is_loaded():
-    from hsd_cli.batch.resolve import a4_page
+    from hsd_cli.serving.rows import a4_page
     from hsd_cli.config import ModelConfig
     from hsd_cli.serving.rows import device_rows_choice
 
@@ -49,7 +49,7 @@ def test_on_a_gpu_the_rows_follow_its_memory_and_the_pages_prompt(tiny_model, mo
     from hsd_cli.decoding.hf_target import footprint, load_target
     from hsd_cli.models.family_settings import settings_for
     from hsd_cli.config import ModelConfig
-    from hsd_cli.batch.resolve import A4_PT, a4_page
+    from hsd_cli.serving.rows import A4_PT, a4_page
     from hsd_cli.serving.rows import GIB, WORKSPACE_BYTES, device_rows_choice
 
     def default_rows(options, dpi, max_pixels):

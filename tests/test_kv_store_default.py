@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hsd_cli.batch.resolve import a4_page
+from hsd_cli.serving.rows import a4_page
 from hsd_cli.config import ConvertConfig
 from hsd_cli.decoding.hf_target import StoreConfig
 from hsd_cli.decoding.hf_target.kv_store import StoreState

@@ -5,24 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from PIL import Image
-
 from hsd_cli.config import MIN_PART_PAGES, ConvertConfig, Executor, ModelConfig, RunConfig, ScheduleConfig
 
 if TYPE_CHECKING:
     from hsd_cli.document.inputs import InputDocument
     from hsd_cli.batch.reporting import Reporter
-
-
-A4_PT = (595.0, 842.0)  # the larger of A4 and Letter
-
-
-def a4_page(dpi: int, max_pixels: int) -> Image.Image:
-    """A blank A4 page as the run renders it: the prompt a row is budgeted for."""
-    from hsd_cli.stages.rasterize import render_scale
-
-    scale = render_scale(A4_PT, dpi, max_pixels)
-    return Image.new("RGB", (round(A4_PT[0] * scale), round(A4_PT[1] * scale)), "white")
 
 
 def default_rows(
@@ -39,7 +26,7 @@ def default_rows(
     if run.executor is not Executor.LOCAL or not documents:
         return 1
     # Imports torch (and PyMuPDF to count pages on a GPU): only when a VLM will run.
-    from hsd_cli.serving.rows import device_rows_choice, run_parts
+    from hsd_cli.serving.rows import a4_page, device_rows_choice, run_parts
 
     try:
         choice = device_rows_choice(model, a4_page(config.dpi, config.max_pixels))

@@ -159,7 +159,6 @@ def kv_store_slots(model: ModelConfig, config: ConvertConfig) -> int | None:
     elsewhere (transformers' DynamicCache)."""
     if not model.device.startswith(STORE_DEVICES):
         return None
-    from hsd_cli.batch.resolve import a4_page
-    from hsd_cli.serving.rows import row_slots
+    from hsd_cli.serving.rows import a4_page, row_slots
 
     return row_slots(model, a4_page(config.dpi, config.max_pixels))

@@ -25,6 +25,7 @@ from pathlib import Path
 from PIL import Image
 
 from hsd_cli.config import ModelConfig, most_parts, select_pages
+from hsd_cli.recipes.sizes import hsd_render_scale
 
 GIB = 1 << 30
 MAX_DEFAULT_ROWS = 256  # vLLM's default max_num_seqs
@@ -34,6 +35,7 @@ WORKSPACE_BYTES = 4 * GIB  # beside weights and caches: a prefill's activations,
 # pipeline's state. Measured with the model on the CPU (so an upper figure): the worker's peak
 # grew from 1,642-1,817 MiB at one row to 3,276-3,514 MiB at 8 (docs/BENCHMARKS.md).
 HOST_BYTES_PER_ROW = 256 << 20
+A4_PT = (595.0, 842.0)  # the larger of A4 and Letter
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,12 @@ def host_rows(host_bytes: int) -> int:
     return host_bytes // 2 // HOST_BYTES_PER_ROW
 
 
+def a4_page(dpi: int, max_pixels: int) -> Image.Image:
+    """A blank A4 page as the run renders it: the prompt a row is budgeted for."""
+    scale = hsd_render_scale(A4_PT, dpi, max_pixels)
+    return Image.new("RGB", (round(A4_PT[0] * scale), round(A4_PT[1] * scale)), "white")
+
+
 def bounded(*rows: int) -> int:
     """At least one row (the model alone decides whether it fits), at most MAX_DEFAULT_ROWS."""
     return max(1, min(MAX_DEFAULT_ROWS, *rows))
@@ -59,7 +67,7 @@ def bounded(*rows: int) -> int:
 
 def device_rows_choice(model: ModelConfig, page: Image.Image) -> RowsChoice:
     """The rows a run with this model keeps in flight by default, `page` the largest page it
-    expects (an A4 page at the run's render size: batch.resolve.a4_page)."""
+    expects (an A4 page at the run's render size: `a4_page`)."""
     from transformers import AutoConfig
 
     from hsd_cli.processes import available_memory
