@@ -31,10 +31,9 @@ _TILE = 96
 _GLOBAL = 128
 
 
-def _deepseek_ocr2(tokenizer, tokens, text, common):
-    from transformers import DeepseekOcr2Config
-
-    settings = dict(text, model_type="deepseek_ocr2_text", max_position_embeddings=8192)
+def deepseek_text(tokenizer, text: dict, **overrides) -> dict:
+    """The shared text model as DeepSeek-V2's (DeepSeek-OCR-2's and Unlimited-OCR's)."""
+    settings = dict(text, max_position_embeddings=8192, **overrides)
     settings["num_key_value_heads"] = settings["num_attention_heads"]  # multi-head attention, as the real model
     settings["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
     settings["bos_token_id"] = tokenizer.convert_tokens_to_ids("<｜begin▁of▁sentence｜>")
@@ -43,12 +42,24 @@ def _deepseek_ocr2(tokenizer, tokens, text, common):
         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=32, topk_method="greedy",
         n_group=1, topk_group=1, routed_scaling_factor=1.0, mlp_layer_types=["dense", "sparse"],
     )
-    sam = dict(
+    return settings
+
+
+def sam_encoder(global_side: int, patch: int) -> dict:
+    """A two-layer SAM encoder over a `global_side`-pixel view of `patch`-pixel patches."""
+    return dict(
         hidden_size=32, output_channels=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=64,
-        image_size=_GLOBAL, patch_size=_PATCH, window_size=4, global_attn_indexes=[1], downsample_channels=[32, 64],
+        image_size=global_side, patch_size=patch, window_size=4, global_attn_indexes=[1], downsample_channels=[32, 64],
         # SAM's default init (1e-10) leaves a random encoder at zero: every picture the same features.
         initializer_range=0.02,
     )
+
+
+def _deepseek_ocr2(tokenizer, tokens, text, common):
+    from transformers import DeepseekOcr2Config
+
+    settings = deepseek_text(tokenizer, text, model_type="deepseek_ocr2_text")
+    sam = sam_encoder(_GLOBAL, _PATCH)
     encoder = dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, vocab_size=1,

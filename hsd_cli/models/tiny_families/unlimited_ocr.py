@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hsd_cli.models.tiny_families.deepseek_ocr2 import DEEPSEEK_OCR2_TOKENS
+from hsd_cli.models.tiny_families.deepseek_ocr2 import DEEPSEEK_OCR2_TOKENS, deepseek_text, sam_encoder
 from hsd_cli.models.tiny_families.recipe import TinyRecipe
 
 # DeepSeek's tokens, in a chat template of DeepSeek's form: the image token, then the prompt.
@@ -36,21 +36,9 @@ _GLOBAL = 64
 def _unlimited_ocr(tokenizer, tokens, text, common):
     from transformers import UnlimitedOcrConfig
 
-    settings = dict(text, model_type="unlimited_ocr_text", max_position_embeddings=8192, sliding_window=WINDOW)
-    settings["num_key_value_heads"] = settings["num_attention_heads"]  # multi-head attention, as the real model
-    settings["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    settings["bos_token_id"] = tokenizer.convert_tokens_to_ids("<｜begin▁of▁sentence｜>")
+    settings = deepseek_text(tokenizer, text, model_type="unlimited_ocr_text", sliding_window=WINDOW)
     settings.pop("layer_types", None)  # every layer reference sliding-window attention, as the real model's
-    # The real model's router (softmax, greedy top-k, 2 shared experts) over 4 experts, not 64.
-    settings.update(
-        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=32, topk_method="greedy",
-        n_group=1, topk_group=1, routed_scaling_factor=1.0, mlp_layer_types=["dense", "sparse"],
-    )
-    sam = dict(
-        hidden_size=32, output_channels=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=64,
-        image_size=_GLOBAL, patch_size=_PATCH, window_size=4, global_attn_indexes=[1], downsample_channels=[32, 64],
-        initializer_range=0.02,  # SAM's default init (1e-10) leaves a random encoder at zero
-    )
+    sam = sam_encoder(_GLOBAL, _PATCH)
     # The SAM features are the encoder's patch embeddings: its width is SAM's last channels.
     encoder = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=16, patch_size=2)
     return UnlimitedOcrConfig(
