@@ -60,6 +60,19 @@ class ChatLayout:
 
 IMAGE_FIRST = ChatLayout()
 
+
+def rope_index_positions(model, inputs: dict, grid_key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompt's M-RoPE positions and per-row rope deltas from the model's own `get_rope_index`,
+    its images' sizes given under `grid_key`. Computed here, never read from
+    model.model.rope_deltas: that attribute goes stale."""
+    positions, deltas = model.model.get_rope_index(
+        inputs["input_ids"],
+        mm_token_type_ids=inputs["mm_token_type_ids"],
+        attention_mask=inputs["attention_mask"],
+        **{grid_key: inputs[grid_key]},
+    )
+    return positions, deltas.view(-1).cpu()
+
 class FamilyAdapter:
     """What differs per model family. Subclasses are small; see `QwenVLAdapter`."""
 
@@ -117,6 +130,27 @@ class FamilyAdapter:
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
             ids.append(tokenizer.eos_token_id)
         return ids
+
+
+class PartsProcessorAdapter(FamilyAdapter):
+    """A family whose processor is built from parts: AutoProcessor would also build the video
+    processor, which needs torchvision, and the default image processor backend needs it too.
+    Subclasses name the (image-only) processor class, `_processor_class`, and the PIL image
+    processor class, `_image_processor_class`."""
+
+    def load_processor(self, path: str, trust_remote_code: bool):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        image_processor = self._image_processor_class().from_pretrained(path)
+        template = processor_chat_template(path) or tokenizer.chat_template
+        return self._processor_class()(image_processor, tokenizer, chat_template=template)
+
+    def new_processor(self, tokenizer, **image_settings):
+        """A processor for a model built here (tiny random or replay): the family's processor
+        classes around `tokenizer`, the image processor made with `image_settings`."""
+        image_processor = self._image_processor_class()(**image_settings)
+        return self._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
 
 
 def model_file(path: str, name: str) -> Path | None:

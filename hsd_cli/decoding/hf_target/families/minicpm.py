@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import FamilyAdapter, processor_chat_template
+from .base import PartsProcessorAdapter, rope_index_positions
 
 
 def image_only_minicpm_processor(base: type) -> type:
@@ -44,23 +44,10 @@ def image_only_minicpm_processor(base: type) -> type:
     return ImageOnlyProcessor
 
 
-class MiniCPMV46Adapter(FamilyAdapter):
+class MiniCPMV46Adapter(PartsProcessorAdapter):
     """MiniCPM-V 4.6: 1-D positions; its image processor's PIL backend."""
 
     model_types = ("minicpmv4_6",)
-
-    def load_processor(self, path: str, trust_remote_code: bool):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        image_processor = self._image_processor_class().from_pretrained(path)
-        template = processor_chat_template(path) or tokenizer.chat_template
-        return self._processor_class()(image_processor, tokenizer, chat_template=template)
-
-    def new_processor(self, tokenizer, **image_settings):
-        """A processor for a model built here (tiny random): the family's processor classes around
-        `tokenizer`, the image processor made with `image_settings`."""
-        return self._processor_class()(self._image_processor_class()(**image_settings), tokenizer, chat_template=tokenizer.chat_template)
 
     def _processor_class(self) -> type:
         from transformers import MiniCPMV4_6Processor
@@ -102,14 +89,7 @@ class MiniCPMV47Adapter(MiniCPMV46Adapter):
     def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         if inputs.get("target_sizes") is None:
             return super().prefill_positions(model, inputs)
-        # Computed here, never read from model.model.rope_deltas: that attribute goes stale.
-        positions, deltas = model.model.get_rope_index(
-            inputs["input_ids"],
-            mm_token_type_ids=inputs["mm_token_type_ids"],
-            target_sizes=inputs["target_sizes"],
-            attention_mask=inputs["attention_mask"],
-        )
-        return positions, deltas.view(-1).cpu()
+        return rope_index_positions(model, inputs, "target_sizes")
 
     def position_ids(self, model, positions: torch.Tensor) -> torch.Tensor:
         # Text tokens after the canvas carry the same position on its three axes.

@@ -5,29 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from .base import GLM_VISION_TOKENS, FamilyAdapter, image_only_processor_class, processor_chat_template
+from .base import GLM_VISION_TOKENS, PartsProcessorAdapter, image_only_processor_class, rope_index_positions
 
 
-class QwenVLAdapter(FamilyAdapter):
+class QwenVLAdapter(PartsProcessorAdapter):
     """Qwen2-VL and Qwen2.5-VL: MRoPE with 3 position rows and a per-sequence rope delta."""
 
     model_types = ("qwen2_vl", "qwen2_5_vl")
-
-    def load_processor(self, path: str, trust_remote_code: bool):
-        # Built from parts: AutoProcessor would also build the video processor, which needs
-        # torchvision, and the default image processor backend needs it too.
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        image_processor = self._image_processor_class().from_pretrained(path)
-        template = processor_chat_template(path) or tokenizer.chat_template
-        return self._processor_class()(image_processor, tokenizer, chat_template=template)
-
-    def new_processor(self, tokenizer, **image_settings):
-        """A processor for a model built here (tiny random or replay): the family's processor
-        classes around `tokenizer`, the image processor made with `image_settings`."""
-        image_processor = self._image_processor_class()(**image_settings)
-        return self._processor_class()(image_processor, tokenizer, chat_template=tokenizer.chat_template)
 
     def _processor_base(self) -> type:
         from transformers import Qwen2_5_VLProcessor
@@ -45,14 +29,7 @@ class QwenVLAdapter(FamilyAdapter):
     def prefill_positions(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         if inputs.get("image_grid_thw") is None:
             return super().prefill_positions(model, inputs)
-        # Computed here, never read from model.model.rope_deltas: that attribute goes stale.
-        positions, deltas = model.model.get_rope_index(
-            inputs["input_ids"],
-            mm_token_type_ids=inputs["mm_token_type_ids"],
-            image_grid_thw=inputs["image_grid_thw"],
-            attention_mask=inputs["attention_mask"],
-        )
-        return positions, deltas.view(-1).cpu()
+        return rope_index_positions(model, inputs, "image_grid_thw")
 
     def position_ids(self, model, positions: torch.Tensor) -> torch.Tensor:
         # Text tokens after the image use the same position on every MRoPE axis.
