@@ -15,8 +15,8 @@ from importlib import import_module
 from typing import Any
 
 _MODULE_OF = {
-    "DecodeConfig": "loop",
-    "DecodeRequest": "loop",
+    "DecodeConfig": "sequence",
+    "DecodeRequest": "sequence",
     "DecodeResult": "loop",
     "DecodeStats": "stats",
     "DraftProposer": "proposer",

@@ -20,7 +20,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .loop import DecodeConfig, DecodeRequest, DecodeResult, DecodeSequence, RunningBatch, Target
+from .loop import DecodeResult, RunningBatch, Target
+from .sequence import DecodeConfig, DecodeRequest, DecodeSequence
 from .sizing import LoadSizer
 
 

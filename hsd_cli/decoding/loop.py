@@ -8,59 +8,22 @@ Knows nothing about transformers: the target is anything with the `Target` metho
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from itertools import islice
+from dataclasses import dataclass
+from itertools import islice, repeat
 from time import monotonic, perf_counter
 from typing import Any, Protocol
 
 import torch
 
-from .logits_rules import LogitsRules, rules_on_roots, rules_on_trees
+from .logits_rules import rules_on_roots, rules_on_trees
 from .proposer import DraftProposer, NoDraftProposer, Proposer, ProposerConfig, TextDraftProposer
-from .repetition import NO_ALLOWANCE, RepetitionAllowance, RepetitionGuard, RepetitionLoop, loop_at_end, structure_allowance
+from .repetition import RepetitionAllowance, RepetitionLoop, loop_at_end, structure_allowance
+from .sequence import BatchRows, DecodeConfig, DecodeRequest, DecodeSequence
 from .sizing import LoadSizer
 from .stats import DecodeStats, StepSeconds
 from .timing import wait_for
 from .tree import TokenTree, TreeBatch, batch_trees, step_shape
-from .verify import NearLossless, SamplingConfig, StepOutcome, first_tokens, relax_path, row_logits, verify_trees
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    max_new_tokens: int = 2048
-    sampling: SamplingConfig = SamplingConfig()
-    repetition_guard: bool = True  # stop where the output loops (repetition.py says what a loop is)
-    stop_token_ids: tuple[int, ...] | None = None  # None: the target's own stop tokens
-    rules: LogitsRules = LogitsRules()  # penalties and n-gram bans, applied at every tree node (logits_rules.py)
-    # Pad each step's trees to its bucketed width (tree.step_shape), so that a device replaying
-    # captured graphs meets a few shapes only; padding nodes get no logits, so outputs do not
-    # change. Off: a CPU captures nothing, and pays for every padding node's attention.
-    bucket_widths: bool = False
-
-
-@dataclass
-class DecodeRequest:
-    image: Any  # a PIL image, or None for a text-only prompt
-    prompt: str
-    proposer: Proposer = field(default_factory=NoDraftProposer)
-    # None: lossless (the output is plain decoding's). Else the near-lossless rule with the
-    # caller's policy of where it may apply; greedy decoding only.
-    near_lossless: NearLossless | None = None
-    # The request (by index among the requests decoded together) whose proposer takes this one's
-    # output as a draft when it ends (a region crop's output drafting its page); its proposer must
-    # be a DraftSink.
-    feeds: int | None = None
-    # time.monotonic() past which the row leaves the batch unfinished (stop reason "deadline"),
-    # checked between steps: a page past its --page-timeout gives its rows back to the others.
-    deadline: float | None = None
-    # The repetition the request's drafts hold, which the guard lets through (`draft_allowance`).
-    allowance: RepetitionAllowance = NO_ALLOWANCE
-    # None: the batch's rule (DecodeConfig.sampling). A makers' retry reads at its attempt's
-    # temperature and seed beside rows that read at the batch's.
-    sampling: SamplingConfig | None = None
-    # None: the batch's logits rules (DecodeConfig.rules). A two-step model's block of one kind
-    # decodes by its makers' penalties for that kind beside blocks of another.
-    rules: LogitsRules | None = None
+from .verify import StepOutcomes, first_tokens, relax_path, row_logits, verify_greedy, verify_trees
 
 
 @dataclass
@@ -113,60 +76,6 @@ class Target(Protocol):
     def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 
-@dataclass
-class DecodeSequence:
-    """A request as it decodes in a running batch: its row's output so far and why it ended."""
-
-    request: DecodeRequest
-    key: int  # the request's index among those decoded together: it keys sampling
-    sizer: LoadSizer | None = None  # cuts this row's trees, with the other rows of the same sizer
-    feeds: int | None = None  # the batch key of the row this one drafts when it ends
-    tokens: list[int] = field(default_factory=list)
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    stop_reason: str | None = None
-    guard: RepetitionGuard = field(init=False)
-    prompt: Sequence[int] = ()  # the prompt's token ids, kept where logits rules read them
-    joined: StepSeconds = field(default_factory=StepSeconds)  # the batch's step seconds when the row joined
-
-    def __post_init__(self) -> None:
-        self.guard = RepetitionGuard(self.request.allowance)
-
-    def sampling(self, config: DecodeConfig) -> SamplingConfig:
-        return self.request.sampling or config.sampling
-
-    def rules(self, config: DecodeConfig) -> LogitsRules:
-        return self.request.rules or config.rules
-
-    def _emit_to_end(self, new_tokens: Sequence[int], stop_ids: set[int], budget: int) -> None:
-        """Append tokens one by one up to and including the first that ends the output."""
-        for token in new_tokens:
-            if len(self.tokens) >= budget:
-                self.stop_reason = "budget"
-                break
-            self.tokens.append(token)
-            if token in stop_ids:
-                self.stop_reason = "eos"
-            elif len(self.tokens) >= budget:
-                self.stop_reason = "budget"
-            if self.stop_reason is not None:
-                break
-
-    def emit(self, new_tokens: Sequence[int], stop_ids: set[int], config: DecodeConfig) -> int:
-        """Append tokens up to and including the first that ends the output (a stop token, the
-        budget, a loop); return how many. Tokens are cut where plain decoding with the same guard
-        would have stopped, also where a loop is found inside one accepted chunk."""
-        checked = len(self.tokens)
-        if len(new_tokens) < config.max_new_tokens - checked and stop_ids.isdisjoint(new_tokens):
-            self.tokens += new_tokens  # most steps: none of them ends the output
-        else:
-            self._emit_to_end(new_tokens, stop_ids, config.max_new_tokens)
-        loop_stop = self.guard.stop_after(self.tokens) if config.repetition_guard else None
-        if loop_stop is not None:
-            del self.tokens[loop_stop:]
-            self.stop_reason = "repetition"
-        return len(self.tokens) - checked
-
-
 def _prefill(
     target: Target, newcomers: dict[int, DecodeSequence], config: DecodeConfig, stop_ids: set[int], separately: bool
 ) -> TargetState:
@@ -195,78 +104,76 @@ def _prefill(
     return state
 
 
-def _propose(active: list[DecodeSequence]) -> tuple[list[TokenTree], list[TokenTree]]:
+def _propose(rows: BatchRows) -> tuple[list[TokenTree], list[TokenTree]]:
     """Each row's tree as proposed, and as cut to the width its sizer prices best for the rows it
     sizes (whole without a sizer)."""
-    proposed = [s.request.proposer.propose(s.tokens) for s in active]
+    proposed = [proposer.propose(s.tokens) for proposer, s in zip(rows.proposers, rows.sequences)]
+    if not rows.sized:
+        return proposed, proposed
     trees = list(proposed)
-    sized: dict[int, list[int]] = {}
-    for row, sequence in enumerate(active):
-        if sequence.sizer is not None:
-            sized.setdefault(id(sequence.sizer), []).append(row)
-    for rows in sized.values():
-        sizer = active[rows[0]].sizer
-        kinds = [active[r].request.proposer.kind for r in rows]
-        width = sizer.width(kinds, [trees[r] for r in rows], [len(active[r].tokens) for r in rows])
-        for row in rows:
+    for sizer, sized in rows.sized:
+        kinds = [rows.proposers[r].kind for r in sized]
+        width = sizer.width(kinds, [trees[r] for r in sized], [len(rows.sequences[r].tokens) for r in sized])
+        for row in sized:
             trees[row] = trees[row].first(width)
     return proposed, trees
 
 
-def _verify(active: list[DecodeSequence], trees: TreeBatch, logits: torch.Tensor, config: DecodeConfig) -> list[StepOutcome]:
+def _verify(rows: BatchRows, trees: TreeBatch, logits: torch.Tensor) -> StepOutcomes:
     """Each row's exact outcome, and where the row's request has the near-lossless rule, its walk
     under the rule from there."""
-    samplings = [s.request.sampling or config.sampling for s in active]  # `DecodeSequence.sampling`, without a call a row
-    outcomes = verify_trees(trees, logits, [s.key for s in active], [len(s.tokens) for s in active], samplings)
-    if all(s.request.near_lossless is None for s in active):
+    if rows.greedy:
+        outcomes = verify_greedy(trees, logits)
+    else:
+        outcomes = verify_trees(trees, logits, [s.key for s in rows.sequences], [len(s.tokens) for s in rows.sequences], rows.samplings)
+    if rows.exact:
         return outcomes
-    return [
+    walks = [
         outcome if sequence.request.near_lossless is None else relax_path(
-            outcome, trees.tokens[row].tolist(), trees.parents[row].tolist(), node_logits, sequence.tokens,
-            sequence.request.near_lossless,
+            outcome, tokens, parents, node_logits, sequence.tokens, sequence.request.near_lossless,
         )
-        for row, (sequence, outcome, node_logits) in enumerate(zip(active, outcomes, row_logits(trees, logits)))
+        for sequence, outcome, tokens, parents, node_logits in zip(
+            rows.sequences, outcomes, trees.tokens.tolist(), trees.parents.tolist(), row_logits(trees, logits)
+        )
     ]
+    return StepOutcomes.of(walks, trees.tokens.tolist())
 
 
-def _step(
-    target: Target, state: TargetState, active: list[DecodeSequence], config: DecodeConfig, stop_ids: set[int], seconds: StepSeconds,
-) -> None:
+def _step(target: Target, state: TargetState, rows: BatchRows, config: DecodeConfig, stop_ids: set[int], seconds: StepSeconds) -> bool:
+    """One step of every row; whether any row's output ended."""
     start = perf_counter()
-    proposed, row_trees = _propose(active)
+    proposed, row_trees = _propose(rows)
     width = step_shape(len(row_trees), [len(tree) for tree in row_trees])[1] if config.bucket_widths else None
     trees = batch_trees(row_trees, width=width)
     proposed_at = perf_counter()
     logits = wait_for(target.forward_tree(state, trees.tokens, trees.depths, trees.ancestors, trees.valid))
     forwarded_at = perf_counter()
-    rules = [s.request.rules or config.rules for s in active]  # `DecodeSequence.rules`, without a call a row
-    if any(row_rules.active for row_rules in rules):  # every node's logits with its own path's tokens, before any pick
-        logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in active], rules)
-    outcomes = _verify(active, trees, logits, config)
-    target.commit(state, trees.width, [o.path for o in outcomes])
-    _take_outcomes(active, proposed, row_trees, outcomes, trees.width, config, stop_ids)
+    if rows.rules is not None:  # every node's logits with its own path's tokens, before any pick
+        logits = rules_on_trees(row_trees, logits, [(s.prompt, s.tokens) for s in rows.sequences], rows.rules)
+    outcomes = _verify(rows, trees, logits)
+    target.commit(state, trees.width, outcomes.paths)
+    ended = _take_outcomes(rows, proposed, row_trees, outcomes, trees.width, config, stop_ids)
     seconds.add(proposed_at - start, perf_counter() - proposed_at, forwarded_at - proposed_at)
+    return ended
 
 
 def _take_outcomes(
-    active: list[DecodeSequence], proposed: list[TokenTree], row_trees: list[TokenTree], outcomes: list[StepOutcome],
-    width: int, config: DecodeConfig, stop_ids: set[int],
-) -> None:
-    """Each row's outcome into its sizer, proposer, output and counts. Its accepted tokens are read
-    from its own tree (Python tuples), not from the batch's tensors."""
-    rows = len(active)
-    for sequence, whole, tree, outcome in zip(active, proposed, row_trees, outcomes):
-        path, proposer = outcome.path, sequence.request.proposer
+    rows: BatchRows, proposed: list[TokenTree], row_trees: list[TokenTree], outcomes: StepOutcomes, width: int,
+    config: DecodeConfig, stop_ids: set[int],
+) -> bool:
+    """Each row's outcome into its sizer, proposer, output and steps; whether any row's output ended."""
+    count, ended = len(row_trees), False
+    relaxed = outcomes.relaxed or repeat(0)
+    for sequence, proposer, whole, tree, path, tokens, row_relaxed in zip(
+        rows.sequences, rows.proposers, proposed, row_trees, outcomes.paths, outcomes.tokens, relaxed
+    ):
         if sequence.sizer is not None:
-            sequence.sizer.observe(proposer.kind, tree, path, whole, outcome.bonus)
-        if len(path) == 1:  # the root alone: every plain row's
-            path_tokens = []
-        else:  # a path ending at node k with k + 1 nodes is nodes 0..k (a chain's, most paths): one slice
-            path_tokens = list(tree.tokens[1 : len(path)]) if path[-1] == len(path) - 1 else [tree.tokens[node] for node in path[1:]]
-        proposer.observe(path_tokens)
-        path_tokens.append(outcome.bonus)
-        emitted = sequence.emit(path_tokens, stop_ids, config)
-        sequence.stats.record_step(len(tree) - 1, len(path) - 1, emitted, rows, width, outcome.relaxed)
+            sequence.sizer.observe(proposer.kind, tree, path, whole, tokens[-1])
+        proposer.observe(tokens[:-1])
+        emitted = sequence.emit(tokens, stop_ids, config)
+        sequence.taken.append((count, width, len(tree) - 1, len(path) - 1, emitted, row_relaxed))
+        ended = ended or sequence.stop_reason is not None
+    return ended
 
 
 class RunningBatch:
@@ -282,6 +189,7 @@ class RunningBatch:
         self.sequences: dict[int, DecodeSequence] = {}  # by batch key
         self.seconds = StepSeconds()
         self.state: TargetState | None = None
+        self.rows = BatchRows.of([], config)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -299,23 +207,26 @@ class RunningBatch:
         self.sequences |= newcomers
         running = self.state is not None and self.state.rows
         self.state = self.target.join([self.state, joining]) if running else joining
-        return self._finish()
+        self.rows = BatchRows.of([self.sequences[row] for row in self.state.rows], self.config)
+        return self._finish(ending=True)
 
     def step(self) -> list[tuple[int, DecodeResult]]:
         """One tree forward over every row; the rows that ended leave, as (batch key, result)."""
-        _step(self.target, self.state, [self.sequences[row] for row in self.state.rows], self.config, self.stop_ids, self.seconds)
-        return self._finish()
+        return self._finish(_step(self.target, self.state, self.rows, self.config, self.stop_ids, self.seconds))
 
-    def _finish(self) -> list[tuple[int, DecodeResult]]:
-        """The rows that ended, or whose deadline passed, leave the batch; an ended row that feeds
-        another still decoding gives it its output as a draft (not a looping or unfinished one:
-        the cut loop is no reading)."""
+    def _finish(self, ending: bool) -> list[tuple[int, DecodeResult]]:
+        """The rows that ended (`ending`: whether any may have), or whose deadline passed, leave the
+        batch; an ended row that feeds another still decoding gives it its output as a draft (not a
+        looping or unfinished one: the cut loop is no reading)."""
         now = monotonic()
-        for sequence in self.sequences.values():
-            deadline = sequence.request.deadline
-            if sequence.stop_reason is None and deadline is not None and now >= deadline:
-                sequence.stop_reason = "deadline"
-        ended = [row for row in self.state.rows if self.sequences[row].stop_reason is not None]
+        if now >= self.rows.deadline:
+            for sequence in self.rows.sequences:
+                deadline = sequence.request.deadline
+                if sequence.stop_reason is None and deadline is not None and now >= deadline:
+                    sequence.stop_reason, ending = "deadline", True
+        if not ending:
+            return []
+        ended = [row for row, sequence in zip(self.state.rows, self.rows.sequences) if sequence.stop_reason is not None]
         if not ended:
             return []
         for row in ended:
@@ -323,10 +234,12 @@ class RunningBatch:
             if sequence.feeds in self.sequences and sequence.stop_reason in ("eos", "budget"):
                 output = [token for token in sequence.tokens if token not in self.stop_ids]
                 self.sequences[sequence.feeds].request.proposer.add_drafts([output])
-        self.target.keep_rows(self.state, [i for i, row in enumerate(self.state.rows) if self.sequences[row].stop_reason is None])
+        self.target.keep_rows(self.state, [i for i, s in enumerate(self.rows.sequences) if s.stop_reason is None])
         finished = [self.sequences.pop(row) for row in ended]
+        self.rows = BatchRows.of([self.sequences[row] for row in self.state.rows], self.config)
         for sequence in finished:
             sequence.stats.add_step_seconds(self.seconds, sequence.joined)
+            sequence.stats.record_steps(sequence.taken)
         return [(row, decode_result(self.target, s.tokens, s.stats, s.stop_reason)) for row, s in zip(ended, finished)]
 
 

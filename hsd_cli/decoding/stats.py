@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 
 def tau(new_tokens: int, forwards: int) -> float:
@@ -59,16 +62,22 @@ class DecodeStats:
         path back, the cache edits (what a cost profile prices per step beside the forward)."""
         return self.decode_s - self.forward_s
 
-    def record_step(self, proposed: int, accepted: int, emitted: int, rows: int, width: int, relaxed: int = 0) -> None:
-        """One tree forward over `rows` rows of `width` nodes: `emitted` is accepted + 1 unless EOS
-        or the budget cut the step; `relaxed` of the accepted were the near-lossless rule's."""
-        self.steps.append((rows, width, self.new_tokens))
-        self.forwards += 1
-        self.new_tokens += emitted
-        self.proposed += proposed
-        self.accepted += accepted
-        self.relaxed += relaxed
-        self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
+    def record_steps(self, steps: Sequence[tuple[int, int, int, int, int, int]]) -> None:
+        """Tree forwards, each as (rows, width, proposed, accepted, emitted, relaxed): a forward over
+        `rows` rows of `width` nodes; `emitted` is accepted + 1 unless EOS or the budget cut the
+        step; `relaxed` of the accepted were the near-lossless rule's. Taken in at once as a row
+        leaves: its steps are counted column by column, not seven counts a step."""
+        if not steps:
+            return
+        rows, widths, proposed, accepted, emitted, relaxed = zip(*steps)
+        self.steps.extend(zip(rows, widths, accumulate(emitted[:-1], initial=self.new_tokens)))
+        self.forwards += len(steps)
+        self.new_tokens += sum(emitted)
+        self.proposed += sum(proposed)
+        self.accepted += sum(accepted)
+        self.relaxed += sum(relaxed)
+        for count, times in Counter(accepted).items():  # the order of first occurrence, as step by step
+            self.accepted_hist[count] = self.accepted_hist.get(count, 0) + times
 
     def add_step_seconds(self, now: StepSeconds, joined: StepSeconds) -> None:
         """The seconds of the batch's steps since the row joined (`joined`, then `now`)."""

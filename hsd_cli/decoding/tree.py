@@ -133,8 +133,8 @@ def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0, width: int | Non
     """Pad trees to the widest, or to `width` nodes (no fewer than the widest: a step's bucketed
     width, `step_shape`). A padding node sees only itself (no row of the mask is empty).
     Tokens and parents are laid out for all rows at once, so are chains (a plain step's root is
-    one), and the masks of the rows that branch from their parents, a node column at a time over
-    them all (`branching_layout`): a step's Python work per row is its tokens' copy."""
+    one), and the masks of the rows that branch, by pointer jumping over them all
+    (`branching_layout`): a step's Python work per row is its tokens' copy."""
     if len(trees) == 1 and width in (None, len(trees[0])):  # a document decoded alone: none of the batch's bookkeeping
         return _one_tree_batch(trees[0])
     count = len(trees)
@@ -161,20 +161,27 @@ def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0, width: int | Non
 
 
 def branching_layout(parents: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ancestor masks (B, K, K) and depths (B, K) of padded rows of trees, swept one node column
-    at a time over all rows (A[i] = A[parent[i]] | e_i: parents precede their children), so a
-    step's Python work grows with its width, not with its rows' nodes. Padding nodes see only
-    themselves, at depth 0."""
+    """Ancestor masks (B, K, K) and depths (B, K) of padded rows of trees, by pointer jumping over
+    all rows at once: each round a node takes in the nodes (set bits, a word per 64 nodes) and the
+    distance of the node `hop` up its path, then hops twice as far, so after r rounds it holds its
+    2^r nearest nodes up the path; log2(K) rounds of gathers over the batch's nodes, then one
+    unpacking of the bits. Padding nodes see only themselves, at depth 0."""
     count, width = parents.shape
-    rows, node = np.arange(count)[:, None], np.arange(width)
-    ancestors = np.zeros((width, count, width), dtype=bool)  # node-major: a column's rows are one block
-    ancestors[node, :, node] = True
-    # A padding node (and the root) is its own parent here: taking its own row changes nothing.
-    above = np.where(valid & (parents >= 0), parents, node).T
-    for column in range(1, width):
-        ancestors[column] |= ancestors[above[column], rows[:, 0]]
-    ancestors = np.ascontiguousarray(ancestors.transpose(1, 0, 2))
-    return ancestors, ancestors.sum(2) - 1
+    node = np.arange(width)
+    has_parent = valid & (parents >= 0)
+    # Node indices over the whole batch; a root's and a padding node's hop is itself.
+    hop = (np.where(has_parent, parents, node) + np.arange(0, count * width, width)[:, None]).ravel()
+    depths = has_parent.ravel().astype(np.int64)  # the distance to `hop`
+    words = -(-width // 64)
+    own_bit = np.zeros((width, words), dtype="<u8")
+    own_bit[node, node // 64] = np.left_shift(np.uint64(1), (node % 64).astype(np.uint64))
+    bits = np.tile(own_bit, (count, 1))
+    for _ in range((width - 1).bit_length()):
+        bits |= bits[hop]
+        depths += depths[hop]
+        hop = hop[hop]
+    ancestors = np.unpackbits(bits.view(np.uint8).reshape(count, width, 8 * words), axis=2, count=width, bitorder="little")
+    return ancestors.view(bool), depths.reshape(count, width)
 
 
 def _one_tree_batch(tree: TokenTree) -> TreeBatch:

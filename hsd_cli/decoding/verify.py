@@ -12,7 +12,7 @@ vectors, not one per tree node.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +54,32 @@ class StepOutcome:
     @property
     def accepted(self) -> int:
         return len(self.path) - 1
+
+
+@dataclass(slots=True)
+class StepOutcomes:
+    """Every row's outcome of a step as lists by row: one object a step, whose greedy paths and
+    tokens are gathered for all rows at once (`accept_paths`). Iterated: each row's StepOutcome."""
+
+    paths: list[list[int]]  # accepted node indices from the root (node 0) down
+    tokens: list[list[int]]  # what the row emits: its path's tokens below the root, then the bonus
+    relaxed: list[int] | None = None  # per row, StepOutcome.relaxed; None: none relaxed
+
+    @classmethod
+    def of(cls, outcomes: Sequence[StepOutcome], tree_tokens: Sequence[Sequence[int]]) -> StepOutcomes:
+        """From each row's outcome, walked row by row, and its tree's tokens."""
+        return cls(
+            [outcome.path for outcome in outcomes],
+            [[*(tokens[node] for node in outcome.path[1:]), outcome.bonus] for outcome, tokens in zip(outcomes, tree_tokens)],
+            [outcome.relaxed for outcome in outcomes],
+        )
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self) -> Iterator[StepOutcome]:
+        relaxed = self.relaxed or itertools.repeat(0)
+        return (StepOutcome(path, tokens[-1], count) for path, tokens, count in zip(self.paths, self.tokens, relaxed))
 
 
 def processed_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -125,7 +151,7 @@ def row_logits(trees: TreeBatch, logits: torch.Tensor) -> list[torch.Tensor]:
 
 def verify_trees(
     trees: TreeBatch, logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[int], samplings: Sequence[SamplingConfig]
-) -> list[StepOutcome]:
+) -> StepOutcomes:
     """Accepted path and bonus of every row from the (N, V) logits of the batch's valid nodes, row
     by row (padding nodes have none: the target computes no logits there).
 
@@ -133,13 +159,23 @@ def verify_trees(
     position emitted[b] + d; `rows` are the rows' keys for sampling, `samplings` each row's rule.
     """
     if all(sampling.greedy for sampling in samplings):
-        picks = np.zeros(tuple(trees.valid.shape), dtype=np.int64)
-        picks[trees.valid.numpy()] = greedy_picks(logits).numpy()
-        return accept_paths(trees, torch.from_numpy(picks))
-    return [
-        sample_and_match(trees.tokens[b].tolist(), trees.parents[b].tolist(), node_logits, sampling, row, emitted[b])
-        for b, (row, sampling, node_logits) in enumerate(zip(rows, samplings, row_logits(trees, logits)))
+        return verify_greedy(trees, logits)
+    tree_tokens = trees.tokens.tolist()
+    walks = [
+        sample_and_match(tokens, parents, node_logits, sampling, row, emitted[b])
+        for b, (tokens, parents, row, sampling, node_logits) in enumerate(
+            zip(tree_tokens, trees.parents.tolist(), rows, samplings, row_logits(trees, logits))
+        )
     ]
+    return StepOutcomes.of(walks, tree_tokens)
+
+
+def verify_greedy(trees: TreeBatch, logits: torch.Tensor) -> StepOutcomes:
+    """`verify_trees` where every row decodes greedily: the argmax at every valid node, then the
+    paths of all rows at once."""
+    picks = np.zeros(tuple(trees.valid.shape), dtype=np.int64)
+    picks[trees.valid.numpy()] = greedy_picks(logits).numpy()
+    return accept_paths(trees, torch.from_numpy(picks))
 
 
 def sample_and_match(
@@ -157,27 +193,41 @@ def sample_and_match(
         path.append(node)
 
 
-def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> list[StepOutcome]:
+def accept_paths(trees: TreeBatch, picked: torch.Tensor) -> StepOutcomes:
     """Vectorised walk: a node is accepted iff it and all its ancestors carry their parent's pick.
 
-    Children of a node carry distinct tokens (tries and chains), so accepted nodes form a path.
-    In numpy over the batch's (CPU) tensors: a small torch call costs several numpy ones, and
-    the paths come back with one gather and one tolist each, not a tensor index per row.
+    Children of a node carry distinct tokens (tries and chains), so a row's accepted nodes are its
+    path, in node order (parents precede children), and the tokens it emits are the picks at them
+    (a path node's pick is its accepted child's token; the last one's is the bonus): one gather
+    and one tolist for the batch, then a slice a row. In numpy over the batch's (CPU) tensors: a
+    small torch call costs several numpy ones.
     """
+    picks = picked.numpy().ravel()
     if trees.width == 1:  # a plain step: every row's root alone, its pick the bonus
-        return [StepOutcome([0], bonus) for bonus in picked[:, 0].tolist()]
-    tokens, parents, depths, valid = trees.tokens.numpy(), trees.parents.numpy(), trees.depths.numpy(), trees.valid.numpy()
-    ancestors, picks = trees.ancestors.numpy(), picked.numpy()
-    matches = (tokens == np.take_along_axis(picks, parents.clip(min=0), 1)) & valid
-    matches[:, 0] = True  # the root is accepted already
-    accepted = ~(ancestors & ~matches[:, None, :]).any(-1)
-    rows = np.arange(len(tokens))
-    deepest = np.where(accepted, depths, -1).argmax(-1)
-    on_path = np.nonzero(ancestors[rows, deepest])[1].tolist()  # row by row; ancestors precede children
-    lengths = (depths[rows, deepest] + 1).tolist()
-    starts = itertools.accumulate(lengths, initial=0)
-    bonuses = picks[rows, deepest].tolist()
-    return [StepOutcome(on_path[start : start + length], bonus) for start, length, bonus in zip(starts, lengths, bonuses)]
+        bonuses = picks.tolist()
+        return StepOutcomes([[0] for _ in bonuses], [[bonus] for bonus in bonuses])
+    count, width = trees.tokens.shape
+    on_path = np.flatnonzero(path_nodes(trees, picks))
+    ends = np.searchsorted(on_path, np.arange(width, (count + 1) * width, width)).tolist()
+    nodes, tokens, starts = (on_path % width).tolist(), picks[on_path].tolist(), [0, *ends[:-1]]
+    return StepOutcomes([nodes[start:end] for start, end in zip(starts, ends)], [tokens[start:end] for start, end in zip(starts, ends)])
+
+
+def path_nodes(trees: TreeBatch, picks: np.ndarray) -> np.ndarray:
+    """(B * K,) bool, row-major: the nodes whose every ancestor and themselves carry their
+    parent's pick (`picks`, (B * K,)). By pointer jumping: each round a node takes in the verdict
+    of the node `hop` up its path and then hops twice as far, so after r rounds it has looked at
+    its 2^r nearest nodes up the path, the root included once 2^r passes its depth; log2(depth)
+    gathers over the batch's nodes, not a (B, K, K) pass over the ancestor masks."""
+    count, width = trees.tokens.shape
+    # Node indices over the whole batch; a root's and a padding node's hop is its row's root.
+    hop = (trees.parents.numpy().clip(min=0) + np.arange(0, count * width, width)[:, None]).ravel()
+    accepted = (trees.tokens.numpy().ravel() == picks[hop]) & trees.valid.numpy().ravel()
+    accepted[::width] = True  # a root is accepted already (and its own hop)
+    for _ in range(int(trees.depths.numpy().max()).bit_length()):
+        accepted &= accepted[hop]
+        hop = hop[hop]
+    return accepted
 
 
 def relax_path(

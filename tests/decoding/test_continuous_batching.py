@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hsd_cli.decoding import loop
 from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode_batch, decode_stream
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.sizing import LoadSizer
@@ -134,6 +135,26 @@ class NamedScriptTarget(ScriptedTarget):
 
     def join(self, states):
         return SimpleNamespace(**{key: [v for s in states for v in getattr(s, key)] for key in ("rows", "scripts", "cached")})
+
+
+def test_rows_leave_at_their_deadlines_one_joining_later_with_its_own(monkeypatch):
+    # The batch looks at its rows' deadlines between steps, the earliest of them worked out as rows
+    # join or leave: on a clock that moves once a look, B leaves at its 3rd look (after 2 steps),
+    # C joins in its place at the 4th and leaves at the 6th; A, without one, decodes to its end.
+    clock = [0]
+
+    def look():
+        clock[0] += 1
+        return clock[0]
+
+    monkeypatch.setattr(loop, "monotonic", look)
+    scripts = [list(range(10, 30)) + [99], list(range(30, 50)), list(range(50, 70))]
+    deadlines = [None, 3, 6]
+    requests = [DecodeRequest(None, str(i), NoDraftProposer(), deadline=deadline) for i, deadline in enumerate(deadlines)]
+    results = dict(decode_stream(NamedScriptTarget(scripts), requests, DecodeConfig(max_new_tokens=40, repetition_guard=False), max_rows=2))
+    assert (results[1].stop_reason, results[1].tokens) == ("deadline", scripts[1][:3])
+    assert (results[2].stop_reason, results[2].tokens) == ("deadline", scripts[2][:3])
+    assert (results[0].stop_reason, results[0].tokens) == ("eos", scripts[0])
 
 
 def test_requests_wait_for_room_and_rows_that_end_on_their_first_token_make_room_at_once():

@@ -76,6 +76,20 @@ def test_a_commit_moves_the_kept_nodes_only_where_they_are_not_the_trees_first()
     assert counter.written == 0 and entries(store, 1)[-3:] == [1010, 1011, 1012]
 
 
+def test_rows_moving_paths_of_different_lengths_beside_rows_that_keep_nothing_or_their_first_nodes():
+    # The moves of every moving row are laid out at once, padded to the longest path: each row
+    # must get its own path's entries, in order, and nothing of the padding.
+    store = filled_store([2, 4, 3, 1])
+    forward_nodes(store, 7)
+    gained = store.keep_nodes([[0, 3, 6], [], [0, 1, 2], [0, 2]])
+    assert gained.tolist() == [3, 0, 3, 2] and store.lengths.tolist() == [5, 4, 6, 3]
+    assert entries(store, 0) == [0, 1, 1000, 1003, 1006]
+    assert entries(store, 1) == [100, 101, 102, 103]
+    assert entries(store, 2) == [200, 201, 202, 1020, 1021, 1022]
+    assert entries(store, 3) == [300, 1030, 1032]
+    assert torch.equal(store.values[0][0, :, :5], -store.keys[0][0, :, :5])
+
+
 def test_a_row_leaving_frees_its_place_for_the_last_row_and_a_joining_row_takes_the_next():
     store = filled_store([3, 4, 5, 6])
     with TrafficCounter(CPU) as counter:

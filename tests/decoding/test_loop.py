@@ -12,6 +12,7 @@ from hsd_cli.decoding.loop import DecodeConfig, DecodeRequest, decode, decode_ba
 from hsd_cli.decoding.repetition import REPETITION_SPAN, STRUCTURE_MARGIN_UNITS, structure_allowance
 from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer
 from hsd_cli.decoding.tree import WIDTH_BUCKETS
+from hsd_cli.decoding.stats import DecodeStats
 from hsd_cli.decoding.verify import NearLossless, SamplingConfig
 
 from .test_exactness import full_forward_all_logits
@@ -303,3 +304,16 @@ def test_a_rows_chunk_is_emitted_up_to_what_ends_its_output(chunk, tokens, reaso
     sequence = loop.DecodeSequence(DecodeRequest(None, ""), 0, tokens=[5])
     emitted = sequence.emit(chunk, {99}, DecodeConfig(max_new_tokens=5))
     assert (sequence.tokens, sequence.stop_reason, emitted) == (tokens, reason, len(tokens) - 1)
+
+
+def test_a_rows_steps_counted_as_it_leaves_are_its_counts_step_by_step():
+    # (rows, width, proposed, accepted, emitted, relaxed) a step; the last cut by a stop token.
+    taken = [(4, 8, 7, 3, 4, 0), (4, 8, 7, 0, 1, 0), (3, 1, 0, 0, 1, 0), (3, 16, 15, 6, 2, 1)]
+    stats = DecodeStats(forwards=1, new_tokens=1)
+    stats.record_steps(taken)
+    assert stats.steps == [(4, 8, 1), (4, 8, 5), (3, 1, 6), (3, 16, 7)], "each step's shape and the tokens before it"
+    assert (stats.forwards, stats.new_tokens, stats.proposed, stats.accepted, stats.relaxed) == (5, 9, 29, 9, 1)
+    assert list(stats.accepted_hist.items()) == [(3, 1), (0, 2), (6, 1)], "in the order of first occurrence"
+    assert stats.as_dict()["accepted_hist"] == {"0": 2, "3": 1, "6": 1}
+    stats.record_steps([])
+    assert stats.forwards == 5 and len(stats.steps) == 4

@@ -133,6 +133,27 @@ def test_a_batch_whose_every_row_branches_lays_out_each_row_as_its_own_tree():
         assert batch.depths[row, size:].tolist() == [0] * (6 - size)
 
 
+def test_random_rows_of_every_width_lay_out_as_each_tree_alone():
+    # Branching rows are laid out by pointer jumping over bits, a 64-bit word per 64 nodes:
+    # trees of up to 130 nodes, deep chains among them, against each tree's own layout.
+    import random
+
+    rng = random.Random(5)
+    for _ in range(40):
+        trees = []
+        for _ in range(rng.randint(1, 6)):
+            size = rng.choice([1, 2, 5, 40, 64, 65, 130])
+            parents = [-1] + [rng.choice([node - 1, node - 1, node - 1, rng.randrange(node)]) for node in range(1, size)]
+            trees.append(TokenTree(tuple(range(size)), tuple(parents)))
+        batch, width = batch_trees(trees), max(len(tree) for tree in trees)
+        for row, tree in enumerate(trees):
+            size, layout = len(tree), tree_layout(tree.parents)
+            np.testing.assert_array_equal(batch.ancestors[row, :size, :size].numpy(), layout.ancestors)
+            np.testing.assert_array_equal(batch.depths[row, :size].numpy(), layout.depths)
+            np.testing.assert_array_equal(batch.ancestors[row, size:].numpy(), np.eye(width, dtype=bool)[size:])
+            assert not batch.ancestors[row, :size, size:].any() and batch.depths[row, size:].tolist() == [0] * (width - size)
+
+
 def test_trees_built_unchecked_equal_the_checked_ones():
     assert TokenTree.chain(4, [5, 6], evidence=2) == TokenTree((4, 5, 6), (-1, 0, 1), 2)
     assert TokenTree.built([1, 2, 3], range(-1, 2)) == TokenTree((1, 2, 3), (-1, 0, 1))

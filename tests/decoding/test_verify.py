@@ -5,6 +5,7 @@ from hsd_cli.decoding.verify import (
     NearLossless,
     SamplingConfig,
     StepOutcome,
+    StepOutcomes,
     accept_paths,
     first_tokens,
     greedy_picks,
@@ -133,9 +134,9 @@ def test_each_row_reads_its_own_nodes_logits_where_rows_are_padded():
     logits[0, 21] = logits[1, 22] = 40.0  # the short row accepts both its draft tokens
     logits[3, 11] = logits[4, 13] = 40.0  # the long row accepts 11 then 13
     for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0, seed=1)):
-        together = verify_trees(trees, logits, [0, 1], [5, 5], [sampling, sampling])
+        together = list(verify_trees(trees, logits, [0, 1], [5, 5], [sampling, sampling]))
         alone = [
-            verify_trees(batch_trees([tree]), part, [row], [5], [sampling])[0]
+            list(verify_trees(batch_trees([tree]), part, [row], [5], [sampling]))[0]
             for row, (tree, part) in enumerate(zip((short, TREE), logits.split([len(short), len(TREE)])))
         ]
         assert together == alone and [o.path for o in together] == [[0, 1, 2], [0, 1, 3]]
@@ -147,9 +148,9 @@ def test_rows_of_one_batch_pick_by_their_own_sampling():
     trees = batch_trees([TREE, TREE])
     logits = torch.randn(2 * len(TREE), 50, generator=torch.Generator().manual_seed(3))
     mixed = [SamplingConfig(), SamplingConfig(temperature=1.0, seed=4)]
-    together = verify_trees(trees, logits, [0, 1], [5, 5], mixed)
+    together = list(verify_trees(trees, logits, [0, 1], [5, 5], mixed))
     alone = [
-        verify_trees(batch_trees([TREE]), part, [row], [5], [sampling])[0]
+        list(verify_trees(batch_trees([TREE]), part, [row], [5], [sampling]))[0]
         for row, (sampling, part) in enumerate(zip(mixed, logits.split(len(TREE))))
     ]
     assert together == alone
@@ -240,4 +241,35 @@ def test_greedy_outcomes_are_the_walk_from_each_root_down_the_children_that_carr
         rows, walks = len(trees), []
         for row, (tree, tree_logits) in enumerate(zip(trees, logits.split([len(tree) for tree in trees]))):
             walks.append(sample_and_match(tree.tokens, tree.parents, tree_logits, SamplingConfig(), row, 3))
-        assert verify_trees(batch, logits, list(range(rows)), [3] * rows, [SamplingConfig()] * rows) == walks
+        outcomes = verify_trees(batch, logits, list(range(rows)), [3] * rows, [SamplingConfig()] * rows)
+        assert list(outcomes) == walks
+        assert outcomes.tokens == [[tree.tokens[node] for node in walk.path[1:]] + [walk.bonus] for tree, walk in zip(trees, walks)]
+
+
+def test_a_mismatch_far_up_a_deep_path_stops_the_walk_there():
+    # Paths are found by pointer jumping (log2 of the depth in rounds): a node deep down whose
+    # own token and most ancestors' match must still be refused where one far above does not.
+    for depth in (1, 2, 3, 8, 31, 32, 33, 40, 70):
+        chain = TokenTree.chain(0, list(range(1, depth + 1)))
+        # A trie: the chain again below the root's second child, its first child a dead end.
+        trie = TokenTree((0, 50, *range(1, depth + 1)), (-1, 0, 0, *range(2, depth + 1)))
+        for broken in range(1, depth + 1):
+            picks = list(range(1, depth + 1)) + [7]  # node k picks k + 1: every child matches...
+            picks[broken - 1] = 99  # ...except node `broken`, whose parent picks another token
+            batch = batch_trees([chain, trie, TokenTree.chain(5, [])])
+            picked = torch.zeros(batch.valid.shape, dtype=torch.long)
+            picked[0, : depth + 1] = torch.tensor(picks)
+            picked[1, 0], picked[1, 2:] = picks[0], torch.tensor(picks[1:])
+            picked[2, 0] = 6
+            outcomes = accept_paths(batch, picked)
+            assert outcomes.paths[0] == list(range(broken)) and outcomes.tokens[0] == [*range(1, broken), 99]
+            assert outcomes.paths[1] == [0, *range(2, broken + 1)] and outcomes.tokens[1] == [*range(1, broken), 99]
+            assert outcomes.paths[2] == [0] and outcomes.tokens[2] == [6]
+
+
+def test_outcomes_walked_row_by_row_read_each_rows_tokens_and_iterate_as_step_outcomes():
+    walks = [StepOutcome([0, 2, 4], 42, relaxed=1), StepOutcome([0], 7)]
+    outcomes = StepOutcomes.of(walks, [list(TREE.tokens), [5, 6]])
+    assert outcomes.paths == [[0, 2, 4], [0]] and outcomes.tokens == [[12, 14, 42], [7]] and outcomes.relaxed == [1, 0]
+    assert list(outcomes) == walks and len(outcomes) == 2
+    assert list(StepOutcomes([[0, 1]], [[11, 3]])) == [StepOutcome([0, 1], 3)], "no relaxed counts: none relaxed"

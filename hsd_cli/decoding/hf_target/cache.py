@@ -72,6 +72,13 @@ def join_linear_states(joined, caches: Sequence[object]) -> None:
         layer.recurrent_states[0] = torch.cat([cache.layers[index].recurrent_states[0] for cache in caches])
 
 
+def first_nodes(nodes: Sequence[int], count: int) -> bool:
+    """Whether kept `nodes` (`count` of them, ascending: a path from the root) are the tree's
+    first ones, 0 to count - 1, whose entries stay where the forward wrote them: then the last is
+    count - 1. One look a row, not two lists built."""
+    return not count or nodes[-1] == count - 1
+
+
 def keep_nodes(state: BatchState, kept_nodes: Sequence[Sequence[int]], device: torch.device) -> None:
     """Keep, per row, the cache entries of `kept_nodes` (tree node indices) and drop the rest.
 
@@ -80,9 +87,10 @@ def keep_nodes(state: BatchState, kept_nodes: Sequence[Sequence[int]], device: t
     the new slots, so usually this is a slice and copies nothing.
     """
     old_len = state.slot_valid.shape[1]
-    kept_count = torch.tensor([len(nodes) for nodes in kept_nodes])
-    longest = int(kept_count.max())
-    if all(list(nodes) == list(range(len(nodes))) for nodes in kept_nodes):
+    counts = [len(nodes) for nodes in kept_nodes]
+    kept_count = torch.tensor(counts)
+    longest = max(counts)
+    if all(first_nodes(nodes, count) for nodes, count in zip(kept_nodes, counts)):
         _edit_cache(state, lambda slots: slots[:, :, : old_len + longest])
     else:
         index = torch.tensor([list(nodes) + [0] * (longest - len(nodes)) for nodes in kept_nodes])

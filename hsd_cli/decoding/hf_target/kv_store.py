@@ -22,13 +22,15 @@ reordered with the rows through its own `reorder_cache`, committed by the hybrid
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
 import torch
 
-from .cache import BatchState, join_linear_states, joined_prompt_lengths
+from .cache import BatchState, first_nodes, join_linear_states, joined_prompt_lengths
 from .delta_tree import NodeRecord
 
 # Room a new store leaves at least past its longest row: the first forwards' nodes fit in it.
@@ -117,23 +119,24 @@ class KVStore:
 
     # -- between forwards -----------------------------------------------------------------------
 
-    def keep_nodes(self, kept_nodes: Sequence[Sequence[int]]) -> None:
+    def keep_nodes(self, kept_nodes: Sequence[Sequence[int]]) -> torch.Tensor:
         """Keep, per row, the entries of `kept_nodes` (tree node indices, ascending: a path)
-        after its entries; moves only the rows whose kept nodes are not the tree's first."""
-        moving = [row for row, nodes in enumerate(kept_nodes) if list(nodes) != list(range(len(nodes)))]
+        after its entries; moves only the rows whose kept nodes are not the tree's first.
+        Returns the entries each row gained, (rows,)."""
+        counts = [len(nodes) for nodes in kept_nodes]
+        moving = [row for row, (nodes, count) in enumerate(zip(kept_nodes, counts)) if not first_nodes(nodes, count)]
         if moving:
-            longest = max(len(kept_nodes[row]) for row in moving)
+            sources, targets = _moves([kept_nodes[row] for row in moving], [counts[row] for row in moving])
             start = self.lengths[moving][:, None]
-            # Padding entries copy a row's own first node slot onto itself.
-            sources = torch.tensor([list(kept_nodes[r]) + [0] * (longest - len(kept_nodes[r])) for r in moving])
-            targets = torch.tensor([list(range(len(kept_nodes[r]))) + [0] * (longest - len(kept_nodes[r])) for r in moving])
             sources, targets = (start + sources).to(self.device), (start + targets).to(self.device)
             places = torch.tensor(moving)[:, None].expand_as(sources).to(self.device)
             for held in (*self.keys.values(), *self.values.values()):
                 # Advanced indices on places and slots: (moving, longest, heads, head_dim), a path's length a row.
                 held[places, :, targets] = held[places, :, sources]
-        self.lengths = self.lengths + torch.tensor([len(nodes) for nodes in kept_nodes], dtype=torch.long)
+        gained = torch.tensor(counts, dtype=torch.long)
+        self.lengths = self.lengths + gained
         self.width, self._node_slots = 0, None
+        return gained
 
     def keep_rows(self, keep: Sequence[int]) -> list[int]:
         """Keep the rows at positions `keep`; return their new order (old positions, place by
@@ -166,6 +169,18 @@ class KVStore:
         for row, length in enumerate(lengths.tolist()):
             self.keys[index][row, :, :length] = keys[row, :, keys.shape[2] - length :]
             self.values[index][row, :, :length] = values[row, :, values.shape[2] - length :]
+
+
+def _moves(kept_nodes: Sequence[Sequence[int]], counts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, longest) node indices to copy from and to, per row its kept nodes onto the first
+    node slots; padding entries copy a row's own first node slot onto itself. Laid out for all
+    rows at once (a step's paths off their first branch can be every row's)."""
+    counts_array = np.array(counts)
+    kept = np.arange(max(counts)) < counts_array[:, None]
+    sources = np.zeros(kept.shape, dtype=np.int64)
+    sources[kept] = np.fromiter(itertools.chain.from_iterable(kept_nodes), dtype=np.int64)
+    targets = np.where(kept, np.arange(kept.shape[1]), 0)
+    return torch.from_numpy(sources), torch.from_numpy(targets)
 
 
 def _filled_holes(keep: list[int]) -> list[int]:
@@ -286,8 +301,7 @@ def join_stored(parts: Sequence[StoreState]) -> StoreState:
 @torch.inference_mode()
 def commit_stored(state: StoreState, kept_nodes: Sequence[Sequence[int]]) -> None:
     """Keep, per row, the entries of `kept_nodes` (tree node indices); drop the rest."""
-    state.store.keep_nodes(kept_nodes)
-    state.past_len = state.past_len + torch.tensor([len(nodes) for nodes in kept_nodes], dtype=torch.long)
+    state.past_len = state.past_len + state.store.keep_nodes(kept_nodes)
 
 
 @torch.inference_mode()
