@@ -128,15 +128,16 @@ def _verify(rows: BatchRows, trees: TreeBatch, logits: torch.Tensor) -> StepOutc
         outcomes = verify_trees(trees, logits, [s.key for s in rows.sequences], [len(s.tokens) for s in rows.sequences], rows.samplings)
     if rows.exact:
         return outcomes
+    tree_tokens = trees.tokens.tolist()
     walks = [
         outcome if sequence.request.near_lossless is None else relax_path(
             outcome, tokens, parents, node_logits, sequence.tokens, sequence.request.near_lossless,
         )
         for sequence, outcome, tokens, parents, node_logits in zip(
-            rows.sequences, outcomes, trees.tokens.tolist(), trees.parents.tolist(), row_logits(trees, logits)
+            rows.sequences, outcomes, tree_tokens, trees.parents.tolist(), row_logits(trees, logits)
         )
     ]
-    return StepOutcomes.of(walks, trees.tokens.tolist())
+    return StepOutcomes.of(walks, tree_tokens)
 
 
 def _step(target: Target, state: TargetState, rows: BatchRows, config: DecodeConfig, stop_ids: set[int], seconds: StepSeconds) -> bool:
