@@ -42,9 +42,8 @@ class TokenTree:
         """A tree whose builder lays parents before their children by construction (chains, tries,
         a tree's first nodes), without the check: a proposer builds one every step of every row."""
         tree = object.__new__(cls)
-        object.__setattr__(tree, "tokens", tuple(tokens))
-        object.__setattr__(tree, "parents", tuple(parents))
-        object.__setattr__(tree, "evidence", evidence)
+        # Its fields set at once, as the instance's dict: one call where a field at a time takes three.
+        object.__setattr__(tree, "__dict__", {"tokens": tuple(tokens), "parents": tuple(parents), "evidence": evidence})
         return tree
 
     def __len__(self) -> int:

@@ -1,14 +1,6 @@
-from hsd_cli.decoding.proposer import (
-    Continuation,
-    DraftProposer,
-    NoDraftProposer,
-    ProposerConfig,
-    TextDraftProposer,
-    build_trie,
-    node_source,
-    normalise,
-)
+from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer, normalise
 from hsd_cli.decoding.tree import tree_layout
+from hsd_cli.decoding.trie import Continuation, build_trie, node_source
 
 
 def children_of(tree, node):
