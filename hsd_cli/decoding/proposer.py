@@ -168,9 +168,10 @@ class DraftProposer:
         if config.own_output:
             self._index_output(context)
         root = context[-1]
-        scored = self._scored(context, config.window_max)
+        occurrences = self.occurrences.get(root)
+        scored = self._scored(context, occurrences, config.window_max) if occurrences else []
         window = min(self.window, len(context))
-        full_matches = [item for item in scored if item[2] >= window]
+        full_matches = [item for item in scored if item[2] >= window] if scored else scored
         self._ambiguous = len(full_matches) > 1
         self._was_trie = len(full_matches) != 1
         if len(full_matches) == 1:
@@ -179,15 +180,13 @@ class DraftProposer:
             self._tree = TokenTree.chain(root, chain, evidence=matched)
             self._copied = (draft, position)
             return self._tree
-        self._copied = continuations = self._ranked_continuations(scored)
+        self._copied = continuations = self._ranked_continuations(scored) if scored or self._stop is not None else []
         self._tree = ranked_trie(root, continuations, self._trie_budget) if continuations else root_alone(root)
         return self._tree
 
-    def _scored(self, context: Sequence[int], limit: int) -> list[tuple[int, int, int]]:
+    def _scored(self, context: Sequence[int], occurrences: list[tuple[int, int]], limit: int) -> list[tuple[int, int, int]]:
         """(list, position, context matched) of every occurrence of the root, context[-1]."""
-        occurrences, lists = self.occurrences.get(context[-1]), self._lists
-        if not occurrences:
-            return []
+        lists = self._lists
         if limit < 2 or len(context) < 2:
             return [(d, p, _matched_suffix(context, lists[d], p, limit)) for d, p in occurrences]
         # Most occurrences of a common root differ at the token before it: they match 1 (an
@@ -200,34 +199,33 @@ class DraftProposer:
         matched), then what follows the best `trie_continuations` occurrences, best first. None
         holds more tokens than the trie has nodes: a node's depth is at most its index."""
         config, lists, budget = self.config, self._lists, max(self._trie_budget, 0)
-        if len(scored) > 1:
-            scored = sorted(scored, key=itemgetter(2), reverse=True)[: config.trie_continuations]
-        depth = min(config.trie_depth, budget)
-        continuations = [(lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in scored]
+        continuations = []
         if self._stop is not None:
             draft, position = self._stop
             chain_max, rank = min(config.chain_max, budget), config.window_max + 1
-            continuations[:0] = [
+            continuations = [
                 (lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
                 (lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
             ]
+        if scored:
+            if len(scored) > 1:
+                scored = sorted(scored, key=itemgetter(2), reverse=True)
+            depth = min(config.trie_depth, budget)
+            continuations += [(lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in scored[: config.trie_continuations]]
         return continuations
 
     def _budget_at(self, hit_rate: float) -> int:
         low, high = self.config.trie_budget_min, self.config.trie_budget
         return low + round((high - low) * hit_rate)
 
-    def _accepted_source(self, accepted: Sequence[int]) -> Source:
-        """The draft position of the last tree's node that `accepted` reaches (None: its root in a trie)."""
-        if self._tree is None:
-            return None
-        if isinstance(self._copied, tuple):  # a chain: its nodes are the draft's tokens in order
-            return self._copied[0], self._copied[1] + len(accepted)
-        return ranked_node_source(self._copied, accepted)
-
     def observe(self, accepted: Sequence[int]) -> None:
         """`accepted`: the draft tokens the target accepted this step (bonus excluded)."""
-        self._stop = self._accepted_source(accepted)
+        # The draft position of the node `accepted` reaches (None: a trie's root)
+        copied = self._copied
+        if isinstance(copied, tuple):  # a chain: its nodes are the draft's tokens in order
+            self._stop = (copied[0], copied[1] + len(accepted))
+        else:
+            self._stop = ranked_node_source(copied, accepted) if accepted and self._tree is not None else None
         config = self.config
         if self._was_trie and len(self._tree) > 1:
             weight = config.trie_hit_weight
