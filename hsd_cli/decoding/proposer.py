@@ -207,11 +207,13 @@ class DraftProposer:
                 (lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
                 (lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
             ]
-        if scored:
-            if len(scored) > 1:
-                scored = sorted(scored, key=itemgetter(2), reverse=True)
-            depth = min(config.trie_depth, budget)
-            continuations += [(lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in scored[: config.trie_continuations]]
+        depth = min(config.trie_depth, budget)
+        if len(scored) > 1:
+            best = sorted(scored, key=itemgetter(2), reverse=True)[: config.trie_continuations]
+            continuations += [(lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
+        elif scored and config.trie_continuations > 0:  # a lone occurrence (most tries with one)
+            d, p, score = scored[0]
+            continuations.append((lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)))
         return continuations
 
     def _budget_at(self, hit_rate: float) -> int:

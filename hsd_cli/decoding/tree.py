@@ -16,6 +16,10 @@ import numpy as np
 import torch
 
 
+# A chain's parents, sliced from one tuple (a chain is built most steps of most drafted rows).
+_CHAIN_PARENTS = tuple(range(-1, 255))
+
+
 @dataclass(frozen=True)
 class TokenTree:
     tokens: tuple[int, ...]
@@ -35,7 +39,8 @@ class TokenTree:
 
     @classmethod
     def chain(cls, root: int, tokens: Sequence[int], evidence: int = 0) -> TokenTree:
-        return cls.built((root, *tokens), range(-1, len(tokens)), evidence)
+        size = len(tokens) + 1
+        return cls.built((root, *tokens), _CHAIN_PARENTS[:size] if size <= len(_CHAIN_PARENTS) else range(-1, size - 1), evidence)
 
     @classmethod
     def built(cls, tokens: Sequence[int], parents: Sequence[int], evidence: int = 0) -> TokenTree:

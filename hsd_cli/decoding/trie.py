@@ -41,13 +41,13 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
     the node is taken, so the work follows the budget, not the continuations' length: a node is
     the continuations through it (best first), its score the first one's.
     """
-    return ranked_trie(root, ranked(continuations), budget)
+    return ranked_trie(root, ranked([(list(c[0]), c[1], c[2]) for c in continuations]), budget)
 
 
 def ranked_trie(root: int, ranked: Sequence[Continuation], budget: int) -> TokenTree:
     """`build_trie` of continuations already `ranked`."""
-    if not ranked:
-        return TokenTree.built((root,), (-1,))
+    if len(ranked) < 2:  # a lone occurrence's trie is a chain (every few steps)
+        return TokenTree.chain(root, ranked[0][0][: max(budget, 0)], ranked[0][1]) if ranked else TokenTree.built((root,), (-1,))
     best = _best_in_turns(root, ranked, budget)  # most tries (a resynchronising pair)
     if best is not None:
         return best
@@ -66,11 +66,10 @@ def _best_in_turns(root: int, ranked: Sequence[Continuation], budget: int) -> To
     rounds = -(-budget // best)  # the nodes of each the budget takes
     if budget <= 0 or min([len(c[0]) for c in ranked[:best]]) < rounds:
         return None
-    if len(ranked) > 1:
-        firsts = [c[0][0] for c in ranked if c[0]]  # the best's first, then the others' (with tokens)
-        heads = set(firsts[:best])
-        if len(heads) < best or not heads.isdisjoint(firsts[best:]):
-            return None
+    firsts = [c[0][0] for c in ranked if c[0]]  # the best's first, then the others' (with tokens)
+    heads = set(firsts[:best])
+    if len(heads) < best or not heads.isdisjoint(firsts[best:]):
+        return None
     # One block of turns, a slice assignment per continuation; a node's parent is the node
     # `best` before it, or the root.
     tokens = [root] * (budget + 1)
@@ -96,7 +95,11 @@ def _heap_trie(root: int, ranked: Sequence[Continuation], budget: int) -> TokenT
         children: dict[int, list[Continuation]] = {}
         for item in through:
             if depth < len(item[0]):
-                children.setdefault(item[0][depth], []).append(item)
+                sharing = children.get(item[0][depth])  # not setdefault: it builds a list per call
+                if sharing is None:
+                    children[item[0][depth]] = [item]
+                else:
+                    sharing.append(item)
         for token, sharing in children.items():
             heapq.heappush(frontier, (-sharing[0][1], -len(sharing), serial, index, token, sharing, depth + 1))
             serial += 1
@@ -111,8 +114,7 @@ def _heap_trie(root: int, ranked: Sequence[Continuation], budget: int) -> TokenT
             group = sorted(entry for entry in frontier if entry[0] == best)
             frontier[:] = [entry for entry in frontier if entry[0] != best]
             heapq.heapify(frontier)
-            turns = [(parent, through[0][0], depth - 1) for _, _, _, parent, _, through, depth in group]
-            _interleave(turns, tokens, parents, budget)
+            _interleave([(parent, through[0][0], depth - 1) for _, _, _, parent, _, through, depth in group], tokens, parents, budget)
             continue
         score, count, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
         tokens.append(token)
@@ -120,11 +122,11 @@ def _heap_trie(root: int, ranked: Sequence[Continuation], budget: int) -> TokenT
         if not frontier or frontier[0][:2] > (score, count):
             # Where the continuations through the node go on alike, its one child would be pushed
             # with this key and a larger serial than any waiting, so popped next, and so on down
-            # their common tokens: take them at once (commonprefix compares any sequences).
-            rest = commonprefix([list(c[0][depth : depth + budget + 1 - len(tokens)]) for c in sharing])
+            # their common tokens: take them at once (`commonprefix` compares lists).
+            rest = commonprefix([c[0][depth : depth + budget + 1 - len(tokens)] for c in sharing])
             first = len(tokens)
-            tokens.extend(rest)
-            parents.extend(range(first - 1, first - 1 + len(rest)))
+            tokens += rest
+            parents += range(first - 1, first - 1 + len(rest))
             depth += len(rest)
         push_children(sharing, depth, len(tokens) - 1)
     return TokenTree.built(tokens, parents, ranked[0][1])
@@ -141,15 +143,15 @@ def _all_lone(ranked: Sequence[Continuation]) -> bool:
 def _lone_trie(root: int, ranked: Sequence[Continuation], budget: int) -> TokenTree:
     """The trie of continuations no two of which share a first token: each score's continuations
     (chains below the root) taken in turn, best score first, until the budget is spent."""
-    if len(ranked) == 1:  # one chain (the trie of a lone occurrence, every few steps)
-        return TokenTree.chain(root, ranked[0][0][: max(budget, 0)], ranked[0][1])
     tokens, parents = [root], [-1]
     start = 0
     while start < len(ranked) and len(tokens) <= budget:
         end, score = start + 1, ranked[start][1]
         while end < len(ranked) and ranked[end][1] == score:
             end += 1
-        _interleave([(0, c[0], 0) for c in ranked[start:end] if c[0]], tokens, parents, budget)
+        chains = [(0, c[0], 0) for c in ranked[start:end] if c[0]]
+        if chains:
+            _interleave(chains, tokens, parents, budget)
         start = end
     return TokenTree.built(tokens, parents, ranked[0][1])
 
@@ -162,49 +164,45 @@ def _turns_parents(chains: int, size: int) -> tuple[int, ...]:
 
 def _interleave(chains: list[tuple[int, Sequence[int], int]], tokens: list[int], parents: list[int], budget: int) -> None:
     """Take the chains' nodes in turn (one of each, then the next of each, ...) until they end or
-    the budget is spent. While the same m chains last, a chain's nodes are every m-th of a block,
-    so each block is laid out with a slice assignment per chain, not a step per node; past its
-    first m, a block node's parent is the node m before it."""
-    if len(chains) == 1:  # one chain: its nodes in order
+    the budget (not yet spent) is. A chain is (its first node's parent, a sequence, where in it
+    the chain starts, with a node left there); one or more. While the same m chains last, a
+    chain's nodes are every m-th of a block, so a block is laid out with a slice assignment per
+    chain, not a step per node; past its first m, a block node's parent is the node m before it."""
+    room, m = budget + 1 - len(tokens), len(chains)
+    if m == 1:  # one chain: its nodes in order
         parent, sequence, start = chains[0]
         first = len(tokens)
-        tokens.extend(sequence[start : start + budget + 1 - first])
+        tokens += sequence[start : start + room]
         parents.append(parent)
-        parents.extend(range(first, len(tokens) - 1))
+        parents += range(first, len(tokens) - 1)
         return
-    last = [parent for parent, _, _ in chains]  # each chain's latest node (its next node's parent)
-    lengths = [len(sequence) - start for _, sequence, start in chains]
-    alive, done = list(range(len(chains))), 0  # the chains not ended; the rounds taken
-    while alive and len(tokens) <= budget:
-        m, room = len(alive), budget + 1 - len(tokens)
-        rounds = min(min(lengths[i] for i in alive) - done, -(-room // m))
-        base, size = len(tokens), m * rounds
-        block = [0] * size
-        for slot, i in enumerate(alive):
-            _, sequence, start = chains[i]
-            block[slot::m] = sequence[start + done : start + done + rounds]
-        taken = min(size, room)
-        tokens.extend(block[:taken])
-        parents.extend([last[i] for i in alive][:taken])
-        parents.extend(range(base, base + taken - m))
-        for slot, i in enumerate(alive):
-            last[i] = base + slot + size - m
-        done += rounds
-        alive = [i for i in alive if lengths[i] > done]
+    # Turns of every chain until the shortest ends or the budget is spent
+    rounds = min(-(-room // m), min([len(sequence) - start for _, sequence, start in chains]))
+    block, base = [0] * (m * rounds), len(tokens)
+    for slot, (_, sequence, start) in enumerate(chains):
+        block[slot::m] = sequence[start : start + rounds]
+    tokens += block[:room]
+    parents += [parent for parent, _, _ in chains][:room]
+    parents += range(base, base + min(m * rounds, room) - m)
+    if m * rounds < room:  # the shortest ended: the others go on in turns from their last nodes
+        end = base + m * (rounds - 1)  # the last round's first node
+        rest = [(end + slot, sequence, start + rounds) for slot, (_, sequence, start) in enumerate(chains) if len(sequence) - start > rounds]
+        if rest:
+            _interleave(rest, tokens, parents, budget)
 
 
 def node_source(continuations: Sequence[Continuation], path: Sequence[int]) -> Source:
     """The draft position of the trie node reached by the tokens `path` below its root: its best
     continuation's (the first ranked whose tokens begin with the path; `build_trie` ranks them by
     score, stably), looked up for the one node a step accepts instead of kept for every node."""
-    return ranked_node_source(ranked(continuations), path)
+    return ranked_node_source(ranked([(list(c[0]), c[1], c[2]) for c in continuations]), path)
 
 
 def ranked_node_source(ranked: Sequence[Continuation], path: Sequence[int]) -> Source:
-    """`node_source` among continuations already `ranked`."""
+    """`node_source` among continuations already `ranked`, their tokens lists."""
     if not path:
         return None
     depth, path = len(path), list(path)
-    source = next(c[2] for c in ranked if list(c[0][:depth]) == path)
+    source = next(c[2] for c in ranked if c[0][:depth] == path)
     return None if source is None else (source[0], source[1] + depth - 1)
 
