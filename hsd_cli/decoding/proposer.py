@@ -169,9 +169,12 @@ class DraftProposer:
             self._index_output(context)
         root = context[-1]
         occurrences = self.occurrences.get(root)
-        scored = self._scored(context, occurrences, config.window_max) if occurrences else []
-        window = min(self.window, len(context))
-        full_matches = [item for item in scored if item[2] >= window] if scored else scored
+        if occurrences:
+            scored = self._scored(context, occurrences, config.window_max)
+            window = min(self.window, len(context))
+            full_matches = [item for item in scored if item[2] >= window]
+        else:  # the root nowhere in the drafts (most steps past a draft's mistake)
+            scored = full_matches = []
         self._ambiguous = len(full_matches) > 1
         self._was_trie = len(full_matches) != 1
         if len(full_matches) == 1:
@@ -195,7 +198,7 @@ class DraftProposer:
         return [(d, p, 1 if p and lists[d][p - 1] != before else _matched_suffix(context, lists[d], p, limit)) for d, p in occurrences]
 
     def _ranked_continuations(self, scored: list[tuple[int, int, int]]) -> list[Continuation]:
-        """A trie's continuations, `ranked`: the resynchronising ones (ranked above any context
+        """A trie's continuations, ranked (`rank`): the resynchronising ones (ranked above any context
         matched), then what follows the best `trie_continuations` occurrences, best first. None
         holds more tokens than the trie has nodes: a node's depth is at most its index."""
         config, lists, budget = self.config, self._lists, max(self._trie_budget, 0)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 
+_new_object, _set_attribute = object.__new__, object.__setattr__
 # A chain's parents, sliced from one tuple (a chain is built most steps of most drafted rows).
 _CHAIN_PARENTS = tuple(range(-1, 255))
 
@@ -46,9 +47,9 @@ class TokenTree:
     def built(cls, tokens: Sequence[int], parents: Sequence[int], evidence: int = 0) -> TokenTree:
         """A tree whose builder lays parents before their children by construction (chains, tries,
         a tree's first nodes), without the check: a proposer builds one every step of every row."""
-        tree = object.__new__(cls)
+        tree = _new_object(cls)
         # Its fields set at once, as the instance's dict: one call where a field at a time takes three.
-        object.__setattr__(tree, "__dict__", {"tokens": tuple(tokens), "parents": tuple(parents), "evidence": evidence})
+        _set_attribute(tree, "__dict__", {"tokens": tuple(tokens), "parents": tuple(parents), "evidence": evidence})
         return tree
 
     def __len__(self) -> int:

@@ -25,7 +25,7 @@ class Continuation(NamedTuple):
     source: Source = None  # where tokens[0] sits in the drafts
 
 
-def ranked(continuations: Sequence[Continuation]) -> list[Continuation]:
+def rank(continuations: Sequence[Continuation]) -> list[Continuation]:
     """Best score first, in their order within a score (a reversed sort keeps ties stable)."""
     return sorted(continuations, key=itemgetter(1), reverse=True)
 
@@ -41,11 +41,12 @@ def build_trie(root: int, continuations: Sequence[Continuation], budget: int) ->
     the node is taken, so the work follows the budget, not the continuations' length: a node is
     the continuations through it (best first), its score the first one's.
     """
-    return ranked_trie(root, ranked([(list(c[0]), c[1], c[2]) for c in continuations]), budget)
+    return ranked_trie(root, rank([(list(c[0]), c[1], c[2]) for c in continuations]), budget)
 
 
 def ranked_trie(root: int, ranked: Sequence[Continuation], budget: int) -> TokenTree:
-    """`build_trie` of continuations already `ranked`."""
+    """`build_trie` of continuations already ranked (`rank`), their tokens lists (a proposer's are
+    slices of its drafts)."""
     if len(ranked) < 2:  # a lone occurrence's trie is a chain (every few steps)
         return TokenTree.chain(root, ranked[0][0][: max(budget, 0)], ranked[0][1]) if ranked else TokenTree.built((root,), (-1,))
     best = _best_in_turns(root, ranked, budget)  # most tries (a resynchronising pair)
@@ -64,6 +65,13 @@ def _best_in_turns(root: int, ranked: Sequence[Continuation], budget: int) -> To
     while best < len(ranked) and ranked[best][1] == score:
         best += 1
     rounds = -(-budget // best)  # the nodes of each the budget takes
+    if best == len(ranked) == 2 and budget > 0:  # a resynchronising pair alone (most tries): its checks spelt out
+        first, second = ranked[0][0], ranked[1][0]
+        if len(second) < rounds or len(first) < rounds or first[0] == second[0]:
+            return None
+        tokens = [root] * (budget + 1)
+        tokens[1::2], tokens[2::2] = first[:rounds], second[: budget // 2]
+        return TokenTree.built(tokens, _turns_parents(2, budget + 1), score)
     if budget <= 0 or min([len(c[0]) for c in ranked[:best]]) < rounds:
         return None
     firsts = [c[0][0] for c in ranked if c[0]]  # the best's first, then the others' (with tokens)
@@ -195,11 +203,11 @@ def node_source(continuations: Sequence[Continuation], path: Sequence[int]) -> S
     """The draft position of the trie node reached by the tokens `path` below its root: its best
     continuation's (the first ranked whose tokens begin with the path; `build_trie` ranks them by
     score, stably), looked up for the one node a step accepts instead of kept for every node."""
-    return ranked_node_source(ranked([(list(c[0]), c[1], c[2]) for c in continuations]), path)
+    return ranked_node_source(rank([(list(c[0]), c[1], c[2]) for c in continuations]), path)
 
 
 def ranked_node_source(ranked: Sequence[Continuation], path: Sequence[int]) -> Source:
-    """`node_source` among continuations already `ranked`, their tokens lists."""
+    """`node_source` among continuations already ranked (`rank`), their tokens lists."""
     if not path:
         return None
     depth, path = len(path), list(path)
