@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Protocol
 
 from .tree import TokenTree
@@ -168,39 +167,39 @@ class DraftProposer:
         if config.own_output:
             self._index_output(context)
         root = context[-1]
-        occurrences = self.occurrences.get(root)
-        if occurrences:
-            scored = self._scored(context, occurrences, config.window_max)
-            window = min(self.window, len(context))
-            full_matches = [item for item in scored if item[2] >= window]
-        else:  # the root nowhere in the drafts (most steps past a draft's mistake)
-            scored = full_matches = []
-        self._ambiguous = len(full_matches) > 1
-        self._was_trie = len(full_matches) != 1
-        if len(full_matches) == 1:
-            draft, position, matched = full_matches[0]
+        # The root's occurrences (as in `occurrences`, not copied) and how much context each matches
+        occurrences = self.occurrences.get(root) or []
+        scores = self._scores(context, occurrences, config.window_max) if occurrences else []
+        window = min(self.window, len(context))
+        full_matches = 0 if not scores or max(scores) < window else sum(score >= window for score in scores)
+        self._ambiguous = full_matches > 1
+        self._was_trie = full_matches != 1
+        if full_matches == 1:
+            at = scores.index(max(scores))  # the one match of the whole window matches most
+            draft, position = occurrences[at]
             chain = self._lists[draft][position + 1 : position + 1 + config.chain_max]
-            self._tree = TokenTree.chain(root, chain, evidence=matched)
+            self._tree = TokenTree.chain(root, chain, evidence=scores[at])
             self._copied = (draft, position)
             return self._tree
-        self._copied = continuations = self._ranked_continuations(scored) if scored or self._stop is not None else []
+        self._copied = continuations = self._ranked_continuations(occurrences, scores) if scores or self._stop is not None else []
         self._tree = ranked_trie(root, continuations, self._trie_budget) if continuations else root_alone(root)
         return self._tree
 
-    def _scored(self, context: Sequence[int], occurrences: list[tuple[int, int]], limit: int) -> list[tuple[int, int, int]]:
-        """(list, position, context matched) of every occurrence of the root, context[-1]."""
+    def _scores(self, context: Sequence[int], occurrences: list[tuple[int, int]], limit: int) -> list[int]:
+        """How much context each occurrence of the root (context[-1]) matches."""
         lists = self._lists
         if limit < 2 or len(context) < 2:
-            return [(d, p, _matched_suffix(context, lists[d], p, limit)) for d, p in occurrences]
+            return [_matched_suffix(context, lists[d], p, limit) for d, p in occurrences]
         # Most occurrences of a common root differ at the token before it: they match 1 (an
         # occurrence's token is the root), known without a call.
         before = context[-2]
-        return [(d, p, 1 if p and lists[d][p - 1] != before else _matched_suffix(context, lists[d], p, limit)) for d, p in occurrences]
+        return [1 if p and lists[d][p - 1] != before else _matched_suffix(context, lists[d], p, limit) for d, p in occurrences]
 
-    def _ranked_continuations(self, scored: list[tuple[int, int, int]]) -> list[Continuation]:
-        """A trie's continuations, ranked (`rank`): the resynchronising ones (ranked above any context
-        matched), then what follows the best `trie_continuations` occurrences, best first. None
-        holds more tokens than the trie has nodes: a node's depth is at most its index."""
+    def _ranked_continuations(self, occurrences: list[tuple[int, int]], scores: list[int]) -> list[Continuation]:
+        """A trie's continuations, ranked (`rank`): the resynchronising ones (ranked above any
+        context matched), then what follows the best `trie_continuations` occurrences, best first
+        (in their order where they match alike, most steps). None holds more tokens than the trie
+        has nodes: a node's depth is at most its index."""
         config, lists, budget = self.config, self._lists, max(self._trie_budget, 0)
         continuations = []
         if self._stop is not None:
@@ -210,13 +209,14 @@ class DraftProposer:
                 (lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
                 (lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
             ]
-        depth = min(config.trie_depth, budget)
-        if len(scored) > 1:
-            best = sorted(scored, key=itemgetter(2), reverse=True)[: config.trie_continuations]
-            continuations += [(lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
-        elif scored and config.trie_continuations > 0:  # a lone occurrence (most tries with one)
-            d, p, score = scored[0]
-            continuations.append((lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)))
+        if not scores:
+            return continuations
+        depth, kept = min(config.trie_depth, budget), config.trie_continuations
+        if min(scores) == max(scores):
+            best = zip(occurrences[:kept], scores)
+        else:  # a reversed sort keeps ties in order
+            best = [(occurrences[i], scores[i]) for i in sorted(range(len(scores)), key=scores.__getitem__, reverse=True)[:kept]]
+        continuations += [(lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for (d, p), score in best]
         return continuations
 
     def _budget_at(self, hit_rate: float) -> int:
