@@ -64,3 +64,13 @@ def test_convert_writes_the_same_bytes_with_the_store_on_and_off(tiny_model, doc
         outputs[devices] = {path.name: path.read_bytes() for path in sorted(out.glob("*.md"))}
     dynamic, stored = outputs.values()
     assert len(dynamic) == 2 and dynamic == stored
+
+
+def test_every_tree_a_proposer_builds_fits_the_slots_the_store_budgets_for_trees():
+    from hsd_cli.decoding import ProposerConfig
+    from hsd_cli.decoding.tree import WIDTH_BUCKETS
+
+    default = ProposerConfig()
+    assert max(default.chain_max, default.trie_budget) + 1 <= WIDTH_BUCKETS[-1], "a tree: its drafted nodes and its root"
+    wide = run_hsd("bench", "decode", "--tiny-random", "qwen2_5_vl", "--trie-budget", str(WIDTH_BUCKETS[-1]))
+    assert wide.exit_code == 2 and "--trie-budget" in wide.stderr and "drafted nodes" in wide.stderr

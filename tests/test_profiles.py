@@ -17,6 +17,7 @@ from hsd_cli.models.tiny_families import build_tiny_random
 from hsd_cli.profiles import ForwardCost, HostCost, PrefillCost, Profile, load_profile, square_side
 from hsd_cli.profiles.analytic import DEVICES, ModelShape, analytic_forward_s, analytic_prefill_s, analytic_profile
 from hsd_cli.decoding.layer_mix import LinearAttention
+from hsd_cli.profiles.issue import IssueCost, measure_issue
 from hsd_cli.profiles.measured import fit_host
 from tests.conftest import run_hsd
 
@@ -24,6 +25,7 @@ from tests.conftest import run_hsd
 ARCHITECTURES = Path(__file__).resolve().parents[1] / "configs" / "architectures"
 HYBRID, ATTENTION_TWIN = (str(ARCHITECTURES / f"qwen3_5_shaped_1024x24{suffix}.json") for suffix in ("", "_attention"))
 CHANDRA_2 = str(ARCHITECTURES / "qwen3_5_4b.json")
+ISSUE = IssueCost(dispatch_s=0.010, kernels=1000)  # 12.5 ms to issue an eager forward
 
 
 @pytest.mark.parametrize(
@@ -51,10 +53,36 @@ def test_on_a_gpu_a_7b_forward_verifies_64_nodes_for_about_the_cost_of_one():
     assert analytic_forward_s(shape, h100, rows=1, nodes=64, context=2048) < 1.05 * one, "memory-bound: weights read once"
     assert analytic_forward_s(shape, h100, rows=8, nodes=64, context=2048) > 1.5 * one, "512 tokens: compute shows"
     assert analytic_forward_s(shape, h100, rows=1, nodes=1, context=32768) > one, "a long cache costs reads"
-    profile = analytic_profile("h100-bf16", "qwen2_5_vl_7b", architecture_config("qwen2_5_vl_7b"))
+    profile = analytic_profile("h100-bf16", "qwen2_5_vl_7b", architecture_config("qwen2_5_vl_7b"), ISSUE)
     assert profile.forward_s(1, 64, 2048) == pytest.approx(analytic_forward_s(shape, h100, 1, 64, 2048))
     between = profile.forward_s(8, 40, 2048)  # interpolated between the grid's 32 and 64 nodes
     assert profile.forward_s(8, 32, 2048) < between < profile.forward_s(8, 64, 2048)
+
+
+def test_an_eager_step_on_a_gpu_takes_the_longer_of_the_devices_work_and_the_hosts_issue():
+    profile = analytic_profile("h100-bf16", "qwen2_5_vl_7b", architecture_config("qwen2_5_vl_7b"), ISSUE)
+    assert profile.issue_s == pytest.approx(ISSUE.seconds) == pytest.approx(0.0125)
+    small, large = profile.forward_s(1, 1, 2048), profile.forward_s(256, 4, 2048)
+    assert small < profile.issue_s < large, "one row's device work is shorter than the issue, 256 rows' longer"
+    assert profile.step_s(1, 1, 2048) == pytest.approx(profile.issue_s + profile.host.seconds(1, 1))
+    assert profile.step_s(256, 4, 2048) == pytest.approx(large + profile.host.seconds(256, 4))
+
+
+def test_a_deeper_model_takes_longer_to_issue_and_launches_more_kernels():
+    shallow, deep = ({"model_type": "qwen2_5_vl", "text_config": {"num_hidden_layers": layers}} for layers in (2, 8))
+    issued = [measure_issue(config, repeats=5) for config in (shallow, deep)]
+    assert issued[1].kernels > 3 * issued[0].kernels > 0
+    assert issued[1].dispatch_s > 2 * issued[0].dispatch_s > 0
+    with pytest.raises(ValueError, match="no tiny recipe"):
+        measure_issue({"model_type": "llama", "num_hidden_layers": 2})
+
+
+def test_an_analytic_profile_stored_before_the_issue_time_was_measured_is_refused():
+    data = analytic_profile("h100-bf16", "qwen2_5_vl_7b", architecture_config("qwen2_5_vl_7b"), ISSUE).to_json()
+    del data["issue_s"]
+    with pytest.raises(ValueError, match="compute it again"):
+        Profile.from_json(data)
+    assert Profile.from_json(json.loads(json.dumps(data | {"kind": "measured"}))).issue_s == 0.0
 
 
 def test_a_linear_attention_layer_is_priced_by_its_fixed_state_and_its_work_per_node_not_as_attention():
@@ -72,7 +100,7 @@ def test_a_linear_attention_layer_is_priced_by_its_fixed_state_and_its_work_per_
     # Many rows at a long context: the twin reads four times the keys and values.
     assert analytic_forward_s(hybrid, h100, 256, 1, 8192) < 0.5 * analytic_forward_s(twin, h100, 256, 1, 8192)
     assert linear.tree_flops(64) - 64 * linear.tree_flops(1) > 60 * 64 * linear.layers * linear.heads * (5 * 128 + 3 * 128)
-    memory = analytic_profile("h100-bf16", "hybrid", architecture_config(HYBRID)).memory
+    memory = analytic_profile("h100-bf16", "hybrid", architecture_config(HYBRID), ISSUE).memory
     assert memory.state_bytes_per_row == hybrid.state_bytes_per_row(2)
     assert memory.row_bytes(1000) == 1000 * hybrid.kv_bytes_per_token * 2 + memory.state_bytes_per_row
 
@@ -264,7 +292,7 @@ def test_the_load_sizer_prices_a_step_with_the_profile_host_work_included():
 def test_analytic_profiles_price_continuous_batching_and_pages_past_1344_pixels():
     config = architecture_config("qwen2_5_vl_7b")
     shape, h100 = ModelShape.of(config), DEVICES["h100-bf16"]
-    profile = analytic_profile("h100-bf16", "qwen2_5_vl_7b", config)
+    profile = analytic_profile("h100-bf16", "qwen2_5_vl_7b", config, ISSUE)
     assert {f.rows for f in profile.forwards} >= {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}
     assert {f.nodes for f in profile.forwards} == {1, 2, 4, 8, 16, 32, 64}
     assert profile.forward_s(256, 2, 2048) == pytest.approx(analytic_forward_s(shape, h100, 256, 2, 2048))
@@ -307,13 +335,15 @@ def test_the_h200_is_an_h100_with_more_and_faster_memory_and_its_profile_knows_t
     assert analytic_forward_s(shape, h200, 64, 1, 4096) < analytic_forward_s(shape, h100, 64, 1, 4096), "memory-bound: faster"
     assert analytic_forward_s(shape, h200, 64, 64, 4096) == pytest.approx(analytic_forward_s(shape, h100, 64, 64, 4096), rel=0.05), (
         "compute-bound: the same")
-    profile = analytic_profile("h200-bf16", "qwen2_5_vl_7b", config)
+    profile = analytic_profile("h200-bf16", "qwen2_5_vl_7b", config, ISSUE)
     assert profile.name == "qwen2_5_vl_7b-h200-bf16" and profile.memory.kv_bytes_per_token == 57344
     assert 15e9 < profile.memory.weight_bytes < 18e9
     rows = {name: device_rows(memory.device_bytes, memory.weight_bytes, 6991 * memory.kv_bytes_per_token)
-            for name, memory in (("h100", analytic_profile("h100-bf16", "7b", config).memory), ("h200", profile.memory))}
+            for name, memory in (("h100", analytic_profile("h100-bf16", "7b", config, ISSUE).memory), ("h200", profile.memory))}
     assert 130 <= rows["h100"] <= 145 and rows["h200"] > 1.9 * rows["h100"]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     stored = run_hsd("profile", "--analytic", "h200-bf16", "--random-weights", "qwen2_5_vl_7b")
     assert stored.exit_code == 0, stored.stderr
-    assert load_profile("qwen2_5_vl_7b-h200-bf16") == profile, "the memory is stored and read back"
+    stored_profile = load_profile("qwen2_5_vl_7b-h200-bf16")
+    assert stored_profile.issue_s > 0.001, "the issue time measured for the 7B's 28 layers"
+    assert stored_profile == replace(profile, issue_s=stored_profile.issue_s), "the memory is stored and read back"

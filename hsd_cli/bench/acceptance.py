@@ -97,11 +97,11 @@ def draft_bench_pages(outputs: Path, inputs: Path, settings: ModelSettings, reci
 
 def projected_throughput(
     pages: list[BenchPage], tokenizer: Any, stop_token_id: int, match: str, config: Any, profile_name: str,
-    rows: tuple[int, ...], graph_saving_s: float, sizing: Sizing,
+    rows: tuple[int, ...], sizing: Sizing,
 ) -> dict[str, Any]:
     """Per page kind and over all pages (the kinds one after the other): each throughput arm's
     projected pages per second on the profile's device, with the published outputs as the model's."""
-    from hsd_cli.bench.corpus_projection import memory_rows, projected_arms, projected_json, summed
+    from hsd_cli.bench.corpus_projection import memory_rows, plain_on_graphs, projected_arms, projected_json, summed
     from hsd_cli.profiles import load_profile
 
     try:
@@ -111,14 +111,14 @@ def projected_throughput(
     outputs = {page.id: tokenizer.encode(page.output, add_special_tokens=False) + [stop_token_id] for page in pages}
     of_kind = {kind.replace("-", "_"): [page for page in pages if page.kind == kind] for kind in sorted({page.kind for page in pages})}
     by_kind = {
-        kind: projected_arms(chosen, outputs, tokenizer, [stop_token_id], profile, match, config, rows, graph_saving_s, sizing)
+        kind: projected_arms(chosen, outputs, tokenizer, [stop_token_id], profile, match, config, rows, sizing)
         for kind, chosen in of_kind.items()
     }
     # Rows above what the device's memory holds at the pages' contexts are not priced.
     kinds = {kind: projected_json(runs) | {"rows_held": memory_rows(profile, of_kind[kind], outputs)} for kind, runs in by_kind.items()}
     kinds["all"] = projected_json(summed(list(by_kind.values()))) | {"rows_held": memory_rows(profile, pages, outputs)}
     return {"profile": profile.name, "profile_kind": profile.kind, "sizing": sizing.value,
-            "plain_graph_saving_s": graph_saving_s if profile.kind == "analytic" else 0.0, "kinds": kinds}
+            "plain_on_graphs": plain_on_graphs(profile), "issue_s": profile.issue_s, "kinds": kinds}
 
 
 def print_table(report: dict[str, Any], title: str) -> None:
@@ -156,7 +156,6 @@ def acceptance(
         typer.Option(help="A cost profile (stored name or JSON file): also project corpus throughput on its device, per arm of `hsd bench throughput`, from these outputs."),
     ] = None,
     rows: Annotated[str, typer.Option(help="Row counts to project, comma-separated (with --profile).")] = "1,2,4,8,16,32,64,128,256,448",
-    graph_saving_ms: Annotated[float, typer.Option(help="Per-forward launch time a CUDA-graph plain engine saves against hsd's eager 4 ms (analytic profiles).")] = 3.0,
     sizing: Annotated[Sizing, typer.Option(help="How the projected hsd-cb arm sizes its trees, as `hsd convert --sizing`: per page, or for the whole batch.")] = Sizing.PAGE,
     recipe: Annotated[
         str | None,
@@ -199,7 +198,7 @@ def acceptance(
     report = run_acceptance(pages, loaded, stop_token_id, settings.draft_match, config)
     if profile is not None:
         report["throughput"] = projected_throughput(pages, loaded, stop_token_id, settings.draft_match, config, profile,
-                                                    row_counts(rows, "--rows"), graph_saving_ms / 1000, sizing)
+                                                    row_counts(rows, "--rows"), sizing)
     report.update(
         outputs=str(outputs), inputs=str(inputs), tokenizer=tokenizer, family=settings.family,
         family_match=settings.draft_match, end_token=end, max_new_tokens=config.max_new_tokens,

@@ -61,15 +61,15 @@ def _priced(state: OracleState, prompt_tokens: list[int]) -> PricedState:
 
 class PricedOracle(OracleTarget):
     """An oracle target that adds what each of its prefills and steps costs on `profile` (a step:
-    its forward and the loop's host work around it); a plain engine on CUDA graphs
-    (`forward_saving_s`) pays its forward less that saving and no host work: it schedules the next
-    step while the device runs this one, within the overhead left per forward."""
+    its forward, the longer of the device's work and its eager issue, and the loop's host work
+    around it); a plain engine on CUDA graphs (`on_graphs`) pays the device's work alone: a
+    graph's replay issues nothing, and it schedules the next step while the device runs this one."""
 
     def __init__(self, tokenizer: Any, answers: dict[str, list[int]], stop_token_ids: Sequence[int], profile: Profile,
-                 prompt_tokens: dict[str, int], sides: dict[str, int], forward_saving_s: float = 0.0) -> None:
+                 prompt_tokens: dict[str, int], sides: dict[str, int], on_graphs: bool = False) -> None:
         super().__init__(tokenizer, answers, stop_token_ids)
         self.profile, self.prompt_tokens, self.sides = profile, prompt_tokens, sides
-        self.forward_saving_s = forward_saving_s
+        self.on_graphs = on_graphs
         self.seconds = 0.0
         self.prefill_s = 0.0  # of `seconds`
 
@@ -88,8 +88,8 @@ class PricedOracle(OracleTarget):
                      valid: torch.Tensor | None = None) -> torch.Tensor:
         rows, width = tokens.shape
         context = round(sum(p + e for p, e in zip(state.prompt_tokens, state.emitted)) / rows)
-        if self.forward_saving_s:
-            self.seconds += max(self.profile.forward_s(rows, width, context) - self.forward_saving_s, 0.0)
+        if self.on_graphs:
+            self.seconds += self.profile.forward_s(rows, width, context)
         else:
             self.seconds += self.profile.step_s(rows, width, context)
         return super().forward_tree(state, tokens, depths, ancestors, valid)
@@ -114,7 +114,7 @@ def read_sizers(profile: Profile | None, pages: Sequence[CorpusPage], rows: int,
 
 def projected_seconds(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
-    profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: bool, forward_saving_s: float,
+    profile: Profile, match: str, config: DecodeConfig, *, rows: int, drafted: bool, sized: bool, on_graphs: bool,
     sizing: Sizing = Sizing.PAGE,
 ) -> ProjectedRun:
     """The pages read and their seconds on `profile` reading `pages` at `rows` (drafted or plainly), cycled to
@@ -122,7 +122,7 @@ def projected_seconds(
     says (`read_sizers`), else whole trees."""
     sides = {page.id: page.side for page in pages}
     prompt_tokens = {page_id: profile.prefill_tokens(side) for page_id, side in sides.items()}
-    oracle = PricedOracle(tokenizer, outputs, stop_token_ids, profile, prompt_tokens, sides, forward_saving_s)
+    oracle = PricedOracle(tokenizer, outputs, stop_token_ids, profile, prompt_tokens, sides, on_graphs)
 
     def request(page: CorpusPage) -> DecodeRequest:
         proposer = make_proposer(oracle, page.drafts, match) if drafted else NoDraftProposer()
@@ -155,24 +155,28 @@ def feasible_rows(rows: Sequence[int], held: int | None) -> tuple[int, ...]:
     return tuple(r for r in rows if held is None or r <= max(held, 1))
 
 
+def plain_on_graphs(profile: Profile) -> bool:
+    """Whether the projected plain engine replays CUDA graphs: on a GPU's (analytic) profile, as
+    vLLM's does; a measured profile is this machine's, whose plain engine is hsd's own eager loop."""
+    return profile.kind == "analytic"
+
+
 def projected_arms(
     pages: Sequence[CorpusPage], outputs: dict[str, list[int]], tokenizer: Any, stop_token_ids: Sequence[int],
-    profile: Profile, match: str, config: DecodeConfig, rows: Sequence[int], graph_saving_s: float,
-    sizing: Sizing = Sizing.PAGE,
+    profile: Profile, match: str, config: DecodeConfig, rows: Sequence[int], sizing: Sizing = Sizing.PAGE,
 ) -> dict[str, dict[int, ProjectedRun]]:
     """arm -> rows -> the projected run of `pages` (one kind), at the row counts the device's memory
-    holds (`memory_rows`): more rows than fit are not priced. The plain engine gets `graph_saving_s`
-    per forward on an analytic profile only (a measured one has its own launches)."""
-    saving = graph_saving_s if profile.kind == "analytic" else 0.0
+    holds (`memory_rows`): more rows than fit are not priced. The plain engine runs on CUDA graphs
+    (`plain_on_graphs`): on an analytic profile only (a measured one has its own launches)."""
     rows = feasible_rows(rows, memory_rows(profile, pages, outputs))
 
-    def seconds(r: int, drafted: bool, forward_saving_s: float = 0.0) -> ProjectedRun:
+    def seconds(r: int, drafted: bool, on_graphs: bool = False) -> ProjectedRun:
         return projected_seconds(pages, outputs, tokenizer, stop_token_ids, profile, match, config,
-                                 rows=r, drafted=drafted, sized=drafted, forward_saving_s=forward_saving_s, sizing=sizing)
+                                 rows=r, drafted=drafted, sized=drafted, on_graphs=on_graphs, sizing=sizing)
 
     return {
         "generate": {1: seconds(1, False)},
-        "plain-cb": {r: seconds(r, False, saving) for r in rows},
+        "plain-cb": {r: seconds(r, False, plain_on_graphs(profile)) for r in rows},
         "hsd-1": {1: seconds(1, True)},
         "hsd-cb": {r: seconds(r, True) for r in rows},
     }

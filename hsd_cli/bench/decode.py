@@ -282,6 +282,7 @@ def decode(
 
     from hsd_cli.bench.loading import bench_model_path
     from hsd_cli.decoding import ProposerConfig, SamplingConfig, load_target
+    from hsd_cli.decoding.tree import WIDTH_BUCKETS
     from hsd_cli.models.tiny_families import TINY_FAMILIES, build_tiny_random
 
     chosen_arms = [a.strip() for a in arms.split(",") if a.strip()]
@@ -290,6 +291,12 @@ def decode(
         raise typer.BadParameter(f"give exactly one of --model / --tiny-random; arms must be among {ARMS}")
     if tiny_random is not None and tiny_random not in TINY_FAMILIES:
         raise typer.BadParameter(f"no tiny random model of {tiny_random!r}; families: {', '.join(TINY_FAMILIES)}", param_hint="--tiny-random")
+    # A tree is its drafted nodes and its root; the KV store budgets a row's slots for the widest
+    # bucket (serving.rows.row_slots), which every tree must fit.
+    for name, nodes in (("--chain-max", chain_max), ("--trie-budget", trie_budget)):
+        if not 0 < nodes < WIDTH_BUCKETS[-1]:
+            raise typer.BadParameter(f"must be 1 to {WIDTH_BUCKETS[-1] - 1} drafted nodes (a tree of at most {WIDTH_BUCKETS[-1]})",
+                                     param_hint=name)
     if "ar" not in chosen_arms:
         chosen_arms.insert(0, "ar")  # drafts and the reference come from it
     torch.set_num_threads(threads)

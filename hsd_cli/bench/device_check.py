@@ -143,7 +143,7 @@ def bench_throughput(plan: CheckPlan, profile_path: Path, progress: Callable[[st
 
     config = ConvertConfig(output_dir=Path("."), model=plan.replay_model, device=plan.device, dtype="bfloat16",
                            max_new_tokens=plan.max_new_tokens, profile=str(profile_path))
-    return bench_report(config, plan.pages, BenchPlan(RowSearch(plan.rows), plan.repeats), plan.rows, 3.0, None, progress)
+    return bench_report(config, plan.pages, BenchPlan(RowSearch(plan.rows), plan.repeats), plan.rows, None, progress)
 
 
 def timed(seconds: dict[str, float], part: str, work: Callable[[], Any]) -> Any:

@@ -21,9 +21,10 @@ With `--profile`, `projected` runs the same pages through the decoding loop agai
 the `generate` arm's tokens in place of the model (bench/oracle.py: the same acceptance, step by
 step, at any rows) and prices every prefill and step on the profile (a step: its forward and the
 loop's host work): pages per second on the profile's device up to `--projected-rows`. On an
-analytic (GPU) profile the plain engine (`plain-cb`) is priced as a CUDA-graph engine:
-`--graph-saving-ms` less per forward than the eager 4 ms the profile includes, and no host work of
-its own (it schedules the next step while the device runs this one).
+analytic (GPU) profile the plain engine (`plain-cb`) is priced as a CUDA-graph engine: the device's
+work of each forward alone, without the eager issue on the host hsd's steps pay where it outlasts
+that work (`Profile.issue_s`), and no host work of its own (it schedules the next step while the
+device runs this one).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def _with_projection(entry: dict[str, Any], runs: dict[str, dict[int, ProjectedR
 
 
 def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], plan: BenchPlan, projected_rows: Sequence[int],
-                  graph_saving_s: float, progress: Any) -> dict[str, Any]:
+                  progress: Any) -> dict[str, Any]:
     from hsd_cli.bench.corpus_projection import memory_rows, projected_arms, summed
 
     kinds = [kind for kind in KINDS if any(page.kind == kind for page in pages)]
@@ -192,7 +193,7 @@ def corpus_report(model: VlmModel, pages: Sequence[CorpusPage], plan: BenchPlan,
             outputs |= measured[kind].runs["generate"][1][0].tokens
             projected[kind] = projected_arms(
                 of_kind[kind], outputs, model.target.tokenizer, model.target.stop_token_ids, model.profile,
-                model.settings.draft_match, model.decode_config, projected_rows, graph_saving_s, plan.sizing,
+                model.settings.draft_match, model.decode_config, projected_rows, plan.sizing,
             )
     runs = {kind: measured[kind].runs for kind in kinds} | {"all": whole_corpus({k: measured[k].runs for k in kinds}, kinds)}
     if projected:
@@ -230,26 +231,27 @@ def print_table(report: dict[str, Any]) -> None:
     Console(stderr=True).print(table)
 
 
-def bench_report(config: Any, paths: Sequence[str], plan: BenchPlan, projected_rows: Sequence[int], graph_saving_ms: float,
-                 threads: int | None, progress: Callable[[str], None]) -> dict[str, Any] | None:
+def bench_report(config: Any, paths: Sequence[str], plan: BenchPlan, projected_rows: Sequence[int], threads: int | None,
+                 progress: Callable[[str], None]) -> dict[str, Any] | None:
     """The bench over the documents under `paths` with the model `config` names; None when no page
     could be read. Also what `hsd device-check` runs."""
     import torch
 
+    from hsd_cli.bench.corpus_projection import plain_on_graphs
     from hsd_cli.bench.loading import bench_model
 
     vlm = bench_model(config, threads)
     pages = corpus_pages(discover(paths, recursive=True).documents, vlm, progress)
     if not pages:
         return None
-    report = corpus_report(vlm, pages, plan, projected_rows, graph_saving_ms / 1000, progress)
+    report = corpus_report(vlm, pages, plan, projected_rows, progress)
     report.update(
         sizing=plan.sizing.value, repeats=plan.repeats, rows_given=list(plan.search.given) or "auto",
         model=config.model, device=str(vlm.target.device), dtype=str(vlm.target.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), pages=len(pages), max_new_tokens=vlm.decode_config.max_new_tokens,
         sized=vlm.profile is not None, profile=vlm.profile.name if vlm.profile else None,
         profile_kind=vlm.profile.kind if vlm.profile else None,
-        plain_graph_saving_s=graph_saving_ms / 1000 if vlm.profile and vlm.profile.kind == "analytic" else 0.0,
+        plain_on_graphs=bool(vlm.profile) and plain_on_graphs(vlm.profile), issue_s=vlm.profile.issue_s if vlm.profile else 0.0,
     )
     return report
 
@@ -266,7 +268,6 @@ def throughput(
         typer.Option(help="Cost profile (a stored name or a JSON file): the hsd arms size verification with it, and every arm is projected onto its device (default: the one `hsd profile` stored for the model)."),
     ] = None,
     projected_rows: Annotated[str, typer.Option(help="Row counts projected on the profile's device.")] = ",".join(map(str, PROJECTED_ROWS)),
-    graph_saving_ms: Annotated[float, typer.Option(help="Per-forward launch time a CUDA-graph plain engine saves against hsd's eager 4 ms (analytic profiles).")] = 3.0,
     sizing: Annotated[Sizing, typer.Option(help="How the hsd-cb arm sizes its trees, as `hsd convert --sizing`: per page, or for the whole batch.")] = Sizing.PAGE,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or mps (default: what is present).")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: as hsd convert).")] = None,
@@ -290,7 +291,7 @@ def throughput(
     config = ConvertConfig(output_dir=Path("."), model=bench_model_path(model), device=device, dtype=dtype,
                            trust_remote_code=trust_remote_code, max_new_tokens=max_new_tokens, profile=profile)
     plan = BenchPlan(RowSearch(counts, max_rows, min_gain), repeats, sizing)
-    report = bench_report(config, paths, plan, projected_counts, graph_saving_ms, threads, lambda line: print(line, file=sys.stderr))
+    report = bench_report(config, paths, plan, projected_counts, threads, lambda line: print(line, file=sys.stderr))
     if report is None:
         print("error: no page could be read", file=sys.stderr)
         raise typer.Exit(1)

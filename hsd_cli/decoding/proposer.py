@@ -9,14 +9,12 @@ target accepted (bonus excluded).
 from __future__ import annotations
 
 import functools
-import heapq
-import itertools
-from os.path import commonprefix
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from .tree import TokenTree
+from .trie import Continuation, Source, build_trie, ranked_node_source, ranked_trie
 
 
 @dataclass(frozen=True)
@@ -87,135 +85,6 @@ def _matched_suffix(context: Sequence[int], draft: Sequence[int], end: int, limi
     return next(length for length in range(most) if ours[-1 - length] != theirs[-1 - length])
 
 
-Source = tuple[int, int] | None  # (draft, position) a proposed token was copied from
-
-
-@dataclass(slots=True)  # not frozen: a step builds one per matching occurrence, and a frozen one takes twice as long
-class Continuation:
-    tokens: Sequence[int]
-    score: int  # higher is proposed first (how much context the occurrence matched)
-    source: Source = None  # where tokens[0] sits in the drafts
-
-
-def build_trie(root: int, continuations: Sequence[Continuation], budget: int) -> TokenTree:
-    """Trie of continuations flattened best-first within `budget` draft nodes; its evidence is the
-    best score. A node's draft position is its best continuation's (`node_source`).
-
-    Best-first (by score, then how many continuations share the node) instead of plain
-    breadth-first: with a common root token the first level is wide, and a breadth-first cut
-    would spend the whole budget there instead of going deep on the best-matching draft.
-    Parents are always emitted before their children. A node's children are grouped only when
-    the node is taken, so the work follows the budget, not the continuations' length: a node is
-    the continuations through it (best first), its score the first one's.
-    """
-    ranked = sorted(continuations, key=lambda c: -c.score)
-    tokens, parents = [root], [-1]
-    evidence = ranked[0].score if ranked else 0
-    if _all_lone(ranked):  # most tries: no two continuations share a first token
-        one_score = not ranked or ranked[0].score == ranked[-1].score
-        for group in [ranked] if one_score else (group for _, group in itertools.groupby(ranked, key=lambda c: c.score)):
-            if len(tokens) > budget:
-                break
-            _interleave([(0, c.tokens, 0) for c in group if c.tokens], tokens, parents, budget)
-        return TokenTree.built(tokens, parents, evidence)
-    # (-score, -continuations through it, serial, parent's index, token, those continuations, depth)
-    frontier: list[tuple[int, int, int, int, int, list[Continuation], int]] = []
-    serial = 0  # unique tie-breaker so entries are never compared past it
-
-    def push_children(through: list[Continuation], depth: int, index: int) -> None:
-        nonlocal serial
-        if len(through) == 1:  # one continuation, one child (no grouping)
-            if depth < len(through[0].tokens):
-                heapq.heappush(frontier, (-through[0].score, -1, serial, index, through[0].tokens[depth], through, depth + 1))
-                serial += 1
-            return
-        children: dict[int, list[Continuation]] = {}
-        for item in through:
-            if depth < len(item.tokens):
-                children.setdefault(item.tokens[depth], []).append(item)
-        for token, sharing in children.items():
-            heapq.heappush(frontier, (-sharing[0].score, -len(sharing), serial, index, token, sharing, depth + 1))
-            serial += 1
-
-    push_children(ranked, 0, 0)
-    while frontier and len(tokens) <= budget:
-        if frontier[0][1] == -1:
-            # The best waiting nodes are lone continuations' of one score: a taken node's child
-            # waits with its key and a serial past every other, so they are taken in turn (first
-            # in, first out) until they end, before anything else.
-            best = frontier[0][0]
-            group = sorted(entry for entry in frontier if entry[0] == best)
-            frontier[:] = [entry for entry in frontier if entry[0] != best]
-            heapq.heapify(frontier)
-            turns = [(parent, through[0].tokens, depth - 1) for _, _, _, parent, _, through, depth in group]
-            _interleave(turns, tokens, parents, budget)
-            continue
-        score, count, _, parent_index, token, sharing, depth = heapq.heappop(frontier)
-        tokens.append(token)
-        parents.append(parent_index)
-        if not frontier or frontier[0][:2] > (score, count):
-            # Where the continuations through the node go on alike, its one child would be pushed
-            # with this key and a larger serial than any waiting, so popped next, and so on down
-            # their common tokens: take them at once (commonprefix compares any sequences).
-            rest = commonprefix([list(c.tokens[depth : depth + budget + 1 - len(tokens)]) for c in sharing])
-            first = len(tokens)
-            tokens.extend(rest)
-            parents.extend(range(first - 1, first - 1 + len(rest)))
-            depth += len(rest)
-        push_children(sharing, depth, len(tokens) - 1)
-    return TokenTree.built(tokens, parents, evidence)
-
-
-def _all_lone(ranked: Sequence[Continuation]) -> bool:
-    """Whether no two continuations (with tokens) share a first token: then every node is one
-    continuation's, and the heap's order is each score's continuations taken in turn, best score
-    first (`_interleave` from the start)."""
-    firsts = [c.tokens[0] for c in ranked if c.tokens]
-    return len(set(firsts)) == len(firsts)
-
-
-def _interleave(chains: list[tuple[int, Sequence[int], int]], tokens: list[int], parents: list[int], budget: int) -> None:
-    """Take the chains' nodes in turn (one of each, then the next of each, ...) until they end or
-    the budget is spent. While the same m chains last, a chain's nodes are every m-th of a block,
-    so each block is laid out with a slice assignment per chain, not a step per node."""
-    if len(chains) == 1:  # one chain: its nodes in order
-        parent, sequence, start = chains[0]
-        first = len(tokens)
-        tokens.extend(sequence[start : start + budget + 1 - first])
-        parents.append(parent)
-        parents.extend(range(first, len(tokens) - 1))
-        return
-    last = [parent for parent, _, _ in chains]  # each chain's latest node (its next node's parent)
-    lengths = [len(sequence) - start for _, sequence, start in chains]
-    alive, done = list(range(len(chains))), 0  # the chains not ended; the rounds taken
-    while alive and len(tokens) <= budget:
-        m, room = len(alive), budget + 1 - len(tokens)
-        rounds = min(min(lengths[i] for i in alive) - done, -(-room // m))
-        base, size = len(tokens), m * rounds
-        block_tokens, block_parents = [0] * size, [0] * size
-        for slot, i in enumerate(alive):
-            _, sequence, start = chains[i]
-            block_tokens[slot::m] = sequence[start + done : start + done + rounds]
-            block_parents[slot] = last[i]
-            block_parents[slot + m :: m] = range(base + slot, base + slot + m * (rounds - 1), m)
-            last[i] = base + slot + m * (rounds - 1)
-        tokens.extend(block_tokens[:room])
-        parents.extend(block_parents[:room])
-        done += rounds
-        alive = [i for i in alive if lengths[i] > done]
-
-
-def node_source(continuations: Sequence[Continuation], path: Sequence[int]) -> Source:
-    """The draft position of the trie node reached by the tokens `path` below its root: its best
-    continuation's (the first ranked whose tokens begin with the path; `build_trie` ranks them by
-    score, stably), looked up for the one node a step accepts instead of kept for every node."""
-    if not path:
-        return None
-    depth, path = len(path), list(path)
-    best = next(c for c in sorted(continuations, key=lambda c: -c.score) if list(c.tokens[:depth]) == path)
-    return None if best.source is None else (best.source[0], best.source[1] + depth - 1)
-
-
 class DraftProposer:
     """Exact token matching against a set of drafts (the region stage's pipeline texts).
 
@@ -261,10 +130,11 @@ class DraftProposer:
         self.window = self.config.window_min
         self._ambiguous = False
         self._tree: TokenTree | None = None
-        # What the last tree was copied from: a chain's (draft, position of its root), or a trie's continuations
+        # What the last tree was copied from: a chain's (draft, position of its root), or a trie's continuations, ranked
         self._copied: tuple[int, int] | list[Continuation] = []
         self._stop: Source = None  # draft position of the last accepted draft token
         self._trie_hit_rate = 1.0
+        self._trie_budget = self._budget_at(self._trie_hit_rate)
         self._was_trie = False
 
     @property
@@ -280,66 +150,96 @@ class DraftProposer:
     def _index_output(self, context: Sequence[int]) -> None:
         """Take the tokens emitted since the last step into the output's list. Its last token,
         the root, has no follower yet, so it is indexed at the next step."""
-        output = self._lists[0]
-        indexed = max(len(output) - 1, 0)
-        output.extend(context[len(output) :])
-        for position in range(indexed, len(output) - 1):
-            self.occurrences.setdefault(output[position], []).append((0, position))
+        output, occurrences = self._lists[0], self.occurrences
+        known = len(output)
+        if len(context) <= known:
+            return
+        output += context[known:]
+        for position in range(max(known - 1, 0), len(output) - 1):
+            found = occurrences.get(output[position])  # not setdefault: it builds a list per call
+            if found is None:
+                occurrences[output[position]] = [(0, position)]
+            else:
+                found.append((0, position))
 
     def propose(self, context: Sequence[int]) -> TokenTree:
-        if self.config.own_output:
+        config = self.config
+        if config.own_output:
             self._index_output(context)
         root = context[-1]
-        limit = self.config.window_max
-        scored = [(d, p, _matched_suffix(context, self._lists[d], p, limit)) for d, p in self.occurrences.get(root, ())]
+        # The root's occurrences (as in `occurrences`, not copied) and how much context each matches
+        occurrences = self.occurrences.get(root) or []
+        scores = self._scores(context, occurrences, config.window_max) if occurrences else []
         window = min(self.window, len(context))
-        full_matches = [item for item in scored if item[2] >= window]
-        self._ambiguous = len(full_matches) > 1
-        self._was_trie = len(full_matches) != 1
-        if len(full_matches) == 1:
-            draft, position, matched = full_matches[0]
-            chain = self._lists[draft][position + 1 : position + 1 + self.config.chain_max]
-            self._tree = TokenTree.chain(root, chain, evidence=matched)
+        full_matches = 0 if not scores or max(scores) < window else sum(score >= window for score in scores)
+        self._ambiguous = full_matches > 1
+        self._was_trie = full_matches != 1
+        if full_matches == 1:
+            at = scores.index(max(scores))  # the one match of the whole window matches most
+            draft, position = occurrences[at]
+            chain = self._lists[draft][position + 1 : position + 1 + config.chain_max]
+            self._tree = TokenTree.chain(root, chain, evidence=scores[at])
             self._copied = (draft, position)
             return self._tree
-        depth = self.config.trie_depth
-        # `build_trie` ranks them by score stably: sorted here only where some are left out.
-        kept = self.config.trie_continuations
-        best = scored if len(scored) <= kept else sorted(scored, key=lambda item: -item[2])[:kept]
-        continuations = [Continuation(self._lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for d, p, score in best]
-        if self._stop is not None:
-            draft, position = self._stop
-            chain_max, rank = self.config.chain_max, limit + 1
-            continuations += [
-                Continuation(self._lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
-                Continuation(self._lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
-            ]
-        self._tree = build_trie(root, continuations, self._trie_budget()) if continuations else root_alone(root)
-        self._copied = continuations
+        self._copied = continuations = self._ranked_continuations(occurrences, scores) if scores or self._stop is not None else []
+        self._tree = ranked_trie(root, continuations, self._trie_budget) if continuations else root_alone(root)
         return self._tree
 
-    def _trie_budget(self) -> int:
-        low, high = self.config.trie_budget_min, self.config.trie_budget
-        return low + round((high - low) * self._trie_hit_rate)
+    def _scores(self, context: Sequence[int], occurrences: list[tuple[int, int]], limit: int) -> list[int]:
+        """How much context each occurrence of the root (context[-1]) matches."""
+        lists = self._lists
+        if limit < 2 or len(context) < 2:
+            return [_matched_suffix(context, lists[d], p, limit) for d, p in occurrences]
+        # Most occurrences of a common root differ at the token before it: they match 1 (an
+        # occurrence's token is the root), known without a call.
+        before = context[-2]
+        return [1 if p and lists[d][p - 1] != before else _matched_suffix(context, lists[d], p, limit) for d, p in occurrences]
 
-    def _accepted_source(self, accepted: Sequence[int]) -> Source:
-        """The draft position of the last tree's node that `accepted` reaches (None: its root in a trie)."""
-        if self._tree is None:
-            return None
-        if isinstance(self._copied, tuple):  # a chain: its nodes are the draft's tokens in order
-            return self._copied[0], self._copied[1] + len(accepted)
-        return node_source(self._copied, accepted)
+    def _ranked_continuations(self, occurrences: list[tuple[int, int]], scores: list[int]) -> list[Continuation]:
+        """A trie's continuations, ranked (`rank`): the resynchronising ones (ranked above any
+        context matched), then what follows the best `trie_continuations` occurrences, best first
+        (in their order where they match alike, most steps). None holds more tokens than the trie
+        has nodes: a node's depth is at most its index."""
+        config, lists, budget = self.config, self._lists, max(self._trie_budget, 0)
+        continuations = []
+        if self._stop is not None:
+            draft, position = self._stop
+            chain_max, rank = min(config.chain_max, budget), config.window_max + 1
+            continuations = [
+                (lists[draft][position + 2 : position + 2 + chain_max], rank, (draft, position + 2)),
+                (lists[draft][position + 1 : position + 1 + chain_max], rank, (draft, position + 1)),
+            ]
+        if not scores:
+            return continuations
+        depth, kept = min(config.trie_depth, budget), config.trie_continuations
+        if min(scores) == max(scores):
+            best = zip(occurrences[:kept], scores)
+        else:  # a reversed sort keeps ties in order
+            best = [(occurrences[i], scores[i]) for i in sorted(range(len(scores)), key=scores.__getitem__, reverse=True)[:kept]]
+        continuations += [(lists[d][p + 1 : p + 1 + depth], score, (d, p + 1)) for (d, p), score in best]
+        return continuations
+
+    def _budget_at(self, hit_rate: float) -> int:
+        low, high = self.config.trie_budget_min, self.config.trie_budget
+        return low + round((high - low) * hit_rate)
 
     def observe(self, accepted: Sequence[int]) -> None:
         """`accepted`: the draft tokens the target accepted this step (bonus excluded)."""
-        self._stop = self._accepted_source(accepted)
-        if self._was_trie and len(self._tree) > 1:
-            weight = self.config.trie_hit_weight
-            self._trie_hit_rate = (1 - weight) * self._trie_hit_rate + weight * (len(accepted) > 0)
-        if self._ambiguous:
-            self.window = min(self.window + len(accepted), self.config.window_max)
+        # The draft position of the node `accepted` reaches (None: a trie's root)
+        copied = self._copied
+        if isinstance(copied, tuple):  # a chain: its nodes are the draft's tokens in order
+            self._stop = (copied[0], copied[1] + len(accepted))
         else:
-            self.window = self.config.window_min
+            self._stop = ranked_node_source(copied, accepted) if accepted and self._tree is not None else None
+        config = self.config
+        if self._was_trie and len(self._tree) > 1:
+            weight = config.trie_hit_weight
+            self._trie_hit_rate = (1 - weight) * self._trie_hit_rate + weight * (len(accepted) > 0)
+            self._trie_budget = self._budget_at(self._trie_hit_rate)
+        if self._ambiguous:
+            self.window = min(self.window + len(accepted), config.window_max)
+        else:
+            self.window = config.window_min
 
 
 def normalise(text: str) -> tuple[str, list[int]]:

@@ -16,6 +16,11 @@ import numpy as np
 import torch
 
 
+_new_object, _set_attribute = object.__new__, object.__setattr__
+# A chain's parents, sliced from one tuple (a chain is built most steps of most drafted rows).
+_CHAIN_PARENTS = tuple(range(-1, 255))
+
+
 @dataclass(frozen=True)
 class TokenTree:
     tokens: tuple[int, ...]
@@ -35,16 +40,16 @@ class TokenTree:
 
     @classmethod
     def chain(cls, root: int, tokens: Sequence[int], evidence: int = 0) -> TokenTree:
-        return cls.built((root, *tokens), range(-1, len(tokens)), evidence)
+        size = len(tokens) + 1
+        return cls.built((root, *tokens), _CHAIN_PARENTS[:size] if size <= len(_CHAIN_PARENTS) else range(-1, size - 1), evidence)
 
     @classmethod
     def built(cls, tokens: Sequence[int], parents: Sequence[int], evidence: int = 0) -> TokenTree:
         """A tree whose builder lays parents before their children by construction (chains, tries,
         a tree's first nodes), without the check: a proposer builds one every step of every row."""
-        tree = object.__new__(cls)
-        object.__setattr__(tree, "tokens", tuple(tokens))
-        object.__setattr__(tree, "parents", tuple(parents))
-        object.__setattr__(tree, "evidence", evidence)
+        tree = _new_object(cls)
+        # Its fields set at once, as the instance's dict: one call where a field at a time takes three.
+        _set_attribute(tree, "__dict__", {"tokens": tuple(tokens), "parents": tuple(parents), "evidence": evidence})
         return tree
 
     def __len__(self) -> int:

@@ -99,6 +99,10 @@ class Profile:
     prefills: tuple[PrefillCost, ...]
     host: HostCost = HostCost()  # a profile stored before host work was measured prices none
     memory: DeviceMemory | None = None  # None: rows unbounded by memory (a CPU; a profile stored before)
+    # The host's CPU seconds to issue an eager forward's kernels (profiles/issue.py), which overlap
+    # the device's work: an analytic profile's forwards are the device's time alone. 0 where the
+    # forwards measured hold it (a measured profile: a CPU issues and computes in turn).
+    issue_s: float = 0.0
 
     @cached_property
     def _forward_curves(self) -> dict[int, dict[int, list[tuple[int, float]]]]:
@@ -118,8 +122,9 @@ class Profile:
         return along(context, [(c, at_context(by_rows)) for c, by_rows in self._forward_curves.items()])
 
     def step_s(self, rows: float, nodes: int, context: int) -> float:
-        """A decoding step: the forward and the host work around it."""
-        return self.forward_s(rows, nodes, context) + self.host.seconds(rows, nodes)
+        """A decoding step of an eager loop: the forward (the longer of the device's work and its
+        issue on the host) and the host work around it."""
+        return max(self.forward_s(rows, nodes, context), self.issue_s) + self.host.seconds(rows, nodes)
 
     def _along_area(self, image_side: int, value: str) -> float:
         prefills = sorted(self.prefills, key=lambda p: p.image_side)
@@ -137,6 +142,9 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Profile:
+        if data["kind"] == "analytic" and "issue_s" not in data:
+            raise ValueError(f"{data['name']} was computed with a fixed launch cost per forward, before the issue time was "
+                             "measured: compute it again with `hsd profile --analytic`")
         return cls(**{
             **data, "forwards": tuple(ForwardCost(**f) for f in data["forwards"]),
             "prefills": tuple(PrefillCost(**p) for p in data["prefills"]), "host": HostCost(**data.get("host", {})),

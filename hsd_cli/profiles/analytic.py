@@ -4,12 +4,15 @@ computed from the device's published memory bandwidth and FLOP/s and the model's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hsd_cli.profiles import DeviceMemory, ForwardCost, HostCost, PrefillCost, Profile
 from hsd_cli.decoding.layer_mix import LinearAttention, attention_layers
+
+if TYPE_CHECKING:  # issue.py measures with torch, which the CLI's parent process never imports
+    from hsd_cli.profiles.issue import IssueCost
 
 # Continuous batching holds hundreds of rows on a GPU, and the load sizer prices every width.
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -37,7 +40,9 @@ class DeviceSpec:
     memory_bytes: int | None = None  # what the rows' caches share with the weights; None: unbounded
     bandwidth_efficiency: float = 0.8
     flops_efficiency: float = 0.6
-    forward_overhead_s: float = 0.004  # kernel launches and Python per forward (no CUDA graphs)
+    # The device's idle time between a forward's kernels, paid by a captured graph's replay too (the
+    # host's issue time, which eager forwards add, is measured apart: profiles/issue.py).
+    kernel_gaps_s: float = 0.001
 
 
 GIB = 1 << 30
@@ -156,7 +161,7 @@ class ModelShape:
 
 
 def analytic_forward_s(shape: ModelShape, device: DeviceSpec, rows: int, nodes: int, context: int) -> float:
-    """max(memory time, compute time) + overhead: the weights and the rows' caches are read once
+    """max(memory time, compute time) + the gaps between kernels: the device's time; the weights and the rows' caches are read once
     (a hybrid's linear-layer states read by the tree form and written by the commit); every node
     costs 2 FLOPs per weight, attention over its row's context in the full-attention layers and
     the linear layers' work per tree node (`LinearAttention.tree_flops`)."""
@@ -167,7 +172,7 @@ def analytic_forward_s(shape: ModelShape, device: DeviceSpec, rows: int, nodes: 
     flops = 2 * shape.text_params * rows * nodes + attention + shape.linear_flops(rows, nodes)
     memory_s = read / (device.memory_bandwidth * device.bandwidth_efficiency)
     compute_s = flops / (device.peak_flops * device.flops_efficiency)
-    return max(memory_s, compute_s) + device.forward_overhead_s
+    return max(memory_s, compute_s) + device.kernel_gaps_s
 
 
 def analytic_prefill_s(shape: ModelShape, device: DeviceSpec, image_side: int, prompt_tokens: int = 40) -> tuple[int, float]:
@@ -185,12 +190,18 @@ def analytic_prefill_s(shape: ModelShape, device: DeviceSpec, image_side: int, p
              + 4 * shape.attention_layers * shape.attention_width * tokens**2 + shape.linear_flops(chunks, PREFILL_CHUNK))
     compute_s = flops / (device.peak_flops * device.flops_efficiency)
     memory_s = (shape.text_params + shape.vision_params) * _DTYPE_BYTES[device.dtype] / (device.memory_bandwidth * device.bandwidth_efficiency)
-    return tokens, max(compute_s, memory_s) + 2 * device.forward_overhead_s
+    return tokens, max(compute_s, memory_s) + 2 * device.kernel_gaps_s
 
 
-def analytic_profile(device_name: str, architecture: str, config: dict[str, Any]) -> Profile:
-    device = measure_this_cpu() if device_name == THIS_CPU else DEVICES[device_name]
+def analytic_profile(device_name: str, architecture: str, config: dict[str, Any], issue: IssueCost) -> Profile:
+    """The profile of `config` on the device; `issue`: what an eager forward of it costs the host
+    (`measure_issue`). A GPU's host issues while the device runs (`Profile.issue_s`); this CPU
+    issues its own work between ops (no launches), so there the dispatch adds to every forward."""
     shape = ModelShape.of(config)
+    if device_name == THIS_CPU:
+        device, issue_s = replace(measure_this_cpu(), kernel_gaps_s=issue.dispatch_s), 0.0
+    else:
+        device, issue_s = DEVICES[device_name], issue.seconds
     forwards = tuple(
         ForwardCost(r, n, c, analytic_forward_s(shape, device, r, n, c)) for c in CONTEXTS for r in ROWS for n in NODES
     )
@@ -198,6 +209,7 @@ def analytic_profile(device_name: str, architecture: str, config: dict[str, Any]
     return Profile(
         name=f"{architecture}-{device_name}", model=architecture, device=device.name, dtype=device.dtype,
         kind="analytic", forwards=forwards, prefills=prefills, host=LOOP_HOST, memory=device_memory(shape, device),
+        issue_s=issue_s,
     )
 
 

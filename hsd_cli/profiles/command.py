@@ -65,6 +65,8 @@ def print_profile(profile: Profile) -> None:
         f"host work of a step: {host.per_step * 1000:.3f} ms + per row {host.per_row * 1000:.3f} ms"
         f" + per row and node {host.per_node * 1000:.4f} ms"
     )
+    if profile.issue_s:
+        console.print(f"an eager forward's issue on the host: {profile.issue_s * 1000:.2f} ms (overlapping the device's work)")
 
 
 def profile(
@@ -107,7 +109,9 @@ def profile(
                 config, name = architecture_config(random_weights), Path(random_weights).stem
             else:
                 config, name = json.loads((Path(model) / "config.json").read_text()), Path(model).name
-            result = analytic_profile(analytic, name, config)
+            from hsd_cli.profiles.issue import measure_issue
+
+            result = analytic_profile(analytic, name, config, measure_issue(config))
         except (OSError, ValueError) as exc:  # no such architecture or config.json; a config the formulas do not price
             raise typer.BadParameter(str(exc), param_hint="--random-weights" if random_weights else "--model") from None
     else:

@@ -29,11 +29,11 @@ from .test_continuous_batching import NamedScriptTarget
 FORWARD_S, PREFILL_S = 0.01, 0.05
 
 
-def flat_profile(kind="measured", forward_s=FORWARD_S):
+def flat_profile(kind="measured", forward_s=FORWARD_S, issue_s=0.0):
     """A forward costs the same at any shape (a device far from its compute bound)."""
     forwards = tuple(ForwardCost(r, n, c, forward_s) for r in (1, 512) for n in (1, 64) for c in (16, 8192))
     prefills = (PrefillCost(100, 10, PREFILL_S), PrefillCost(4000, 10, PREFILL_S))
-    return Profile("flat", "m", "d", "float32", kind, forwards, prefills)
+    return Profile("flat", "m", "d", "float32", kind, forwards, prefills, issue_s=issue_s)
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,10 @@ class SpaceTokenizer(NumberTokenizer):
         return [int(word) for word in text.split()]
 
 
-def seconds(pages, rows, drafted, sized, saving=0.0, profile=None):
+def seconds(pages, rows, drafted, sized, on_graphs=False, profile=None):
     return projected_seconds(pages, ANSWERS, SpaceTokenizer(), [STOP], profile or flat_profile(), "tokens",
                              DecodeConfig(max_new_tokens=64, repetition_guard=False), rows=rows, drafted=drafted,
-                             sized=sized, forward_saving_s=saving)
+                             sized=sized, on_graphs=on_graphs)
 
 
 PAGES = [Page("a", 1000, (text(ANSWERS["a"][:-1]),)), Page("b", 1000, ())]
@@ -79,17 +79,22 @@ def test_rows_read_together_share_their_forwards_over_the_pages_cycled_to_fill_t
     assert together.seconds < together.pages / len(PAGES) * alone.seconds * 0.75
 
 
-def test_a_draft_of_the_whole_page_takes_one_forward_and_the_graph_saving_only_plain_forwards():
+def test_a_draft_of_the_whole_page_takes_one_forward_and_an_eager_forward_the_longer_of_its_issue_and_the_device():
     assert seconds(PAGES[:1], 1, drafted=True, sized=False) == ProjectedRun(1, pytest.approx(PREFILL_S + FORWARD_S), PREFILL_S)
-    plain = seconds(PAGES[:1], 1, drafted=False, sized=False, saving=0.004)
-    assert (plain.pages, plain.seconds) == (1, pytest.approx(PREFILL_S + (len(ANSWERS["a"]) - 1) * (FORWARD_S - 0.004)))
+    issued = flat_profile("analytic", issue_s=2 * FORWARD_S)
+    assert seconds(PAGES[:1], 1, drafted=True, sized=False, profile=issued).seconds == pytest.approx(PREFILL_S + 2 * FORWARD_S)
+    hidden = flat_profile("analytic", issue_s=FORWARD_S / 2)
+    assert seconds(PAGES[:1], 1, drafted=True, sized=False, profile=hidden).seconds == pytest.approx(PREFILL_S + FORWARD_S)
+    plain = seconds(PAGES[:1], 1, drafted=False, sized=False, on_graphs=True, profile=issued)
+    assert (plain.pages, plain.seconds) == (1, pytest.approx(PREFILL_S + (len(ANSWERS["a"]) - 1) * FORWARD_S)), "graphs issue nothing"
 
 
-def test_projected_arms_apply_the_graph_saving_to_the_plain_engine_on_analytic_profiles_only():
+def test_projected_arms_run_the_plain_engine_on_graphs_on_analytic_profiles_only():
     config = DecodeConfig(max_new_tokens=64, repetition_guard=False)
 
     def arms(kind):
-        return projected_arms(PAGES, ANSWERS, SpaceTokenizer(), [STOP], flat_profile(kind), "tokens", config, (1, 2), 0.004)
+        return projected_arms(PAGES, ANSWERS, SpaceTokenizer(), [STOP], flat_profile(kind, issue_s=2 * FORWARD_S), "tokens",
+                              config, (1, 2))
 
     measured, analytic = arms("measured"), arms("analytic")
     assert measured["plain-cb"][1] == measured["generate"][1]
@@ -120,7 +125,7 @@ def test_batch_sizing_gives_every_read_one_sizer_above_one_row_as_convert_does()
     assert read_sizers(None, PAGES, 2, Sizing.BATCH) is None
     config = DecodeConfig(max_new_tokens=64, repetition_guard=False)
     runs = [projected_seconds(PAGES, ANSWERS, SpaceTokenizer(), [STOP], flat_profile(), "tokens", config, rows=2, drafted=True,
-                              sized=True, forward_saving_s=0.0, sizing=sizing) for sizing in Sizing]
+                              sized=True, on_graphs=False, sizing=sizing) for sizing in Sizing]
     assert runs[0].pages == runs[1].pages == FILL * 2
 
 
@@ -165,7 +170,7 @@ def test_bench_throughput_reports_every_arm_identical_to_generate_per_kind(tiny_
     plain = report["kinds"]["born_digital"]["arms"]["plain-cb"]
     assert plain["pages_read"] == (FILL * 2 if plain["best_rows"] == 2 else 2)
     pages = sum(pymupdf.open(path).page_count for path in inputs.iterdir())
-    assert report["sized"] and report["plain_graph_saving_s"] == 0.003 and report["pages"] == pages
+    assert report["sized"] and report["plain_on_graphs"] and report["issue_s"] == 0.0 and report["pages"] == pages
     assert report["sizing"] == "page" and report["repeats"] == 3
     assert report["draft_cpu_s_per_page"] > 0
 

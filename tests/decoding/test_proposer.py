@@ -1,14 +1,8 @@
-from hsd_cli.decoding.proposer import (
-    Continuation,
-    DraftProposer,
-    NoDraftProposer,
-    ProposerConfig,
-    TextDraftProposer,
-    build_trie,
-    node_source,
-    normalise,
-)
+import pytest
+
+from hsd_cli.decoding.proposer import DraftProposer, NoDraftProposer, ProposerConfig, TextDraftProposer, normalise
 from hsd_cli.decoding.tree import tree_layout
+from hsd_cli.decoding.trie import Continuation, build_trie, node_source
 
 
 def children_of(tree, node):
@@ -245,17 +239,26 @@ def best_first_one_node_at_a_time(root, continuations, budget):
     return tuple(tokens), tuple(parents)
 
 
-def test_trie_is_the_best_first_heaps_node_for_node_on_random_continuations():
-    # Few distinct tokens: continuations share prefixes, end at every depth and tie on scores,
-    # so every way `build_trie` takes several nodes at once is met.
+@pytest.mark.parametrize(
+    "tokens, longest, budget_max",
+    [
+        # Few distinct tokens: continuations share prefixes, end at every depth and tie on scores,
+        # so every way `build_trie` takes several nodes at once is met.
+        (4, 8, 20),
+        # Many, long: continuations rarely share a first token, and the best ones often outlast
+        # the budget (taken in one block of turns, a resynchronising pair's trie).
+        (40, 40, 41),
+    ],
+)
+def test_trie_is_the_best_first_heaps_node_for_node_on_random_continuations(tokens, longest, budget_max):
     import random
 
     rng = random.Random(7)
     for _ in range(3000):
         continuations = [
-            Continuation(rng.choice([list, tuple])(rng.randint(0, 3) for _ in range(rng.randint(0, 8))), rng.choice([1, 1, 2, 5]), (0, 0))
+            Continuation(rng.choice([list, tuple])(rng.randrange(tokens) for _ in range(rng.randint(0, longest))), rng.choice([1, 1, 2, 5]), (0, 0))
             for _ in range(rng.randint(0, 6))
         ]  # token lists and tuples alike
-        budget = rng.randint(0, 20)
+        budget = rng.randint(0, budget_max)
         tree = build_trie(9, continuations, budget)
         assert (tree.tokens, tree.parents) == best_first_one_node_at_a_time(9, continuations, budget), (continuations, budget)

@@ -5,6 +5,7 @@ recipe (`TinyRecipe`) lives in the module of its kind (a module per family where
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -32,8 +33,10 @@ def tiny_config(tokenizer, recipe: TinyRecipe):
     return recipe.config(tokenizer, recipe.tokens, text, common)
 
 
-def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
+def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0, layers: Sequence[str] | None = None) -> Path:
     """Build a tiny random model + processor of `family`, save both to `out_dir`, return it.
+    `layers`: the decoder's layer kinds (a real model's `layer_types`) instead of the recipe's,
+    at the recipe's tiny widths (profiles/issue.py measures what a real depth costs to issue).
 
     The rows of the LM head for special tokens are zeroed so greedy decoding never ends on
     its own: logits of random rows are spread around 0, so a zero logit is never the argmax.
@@ -47,6 +50,8 @@ def build_tiny_random(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     tokenizer = build_tiny_tokenizer(recipe.tokens)
     config = tiny_config(tokenizer, recipe)
+    if layers is not None:
+        config.text_config.num_hidden_layers, config.text_config.layer_types = len(layers), list(layers)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     with torch.no_grad():
