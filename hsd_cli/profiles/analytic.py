@@ -20,13 +20,14 @@ NODES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (512, 2048, 4096, 8192)
 IMAGE_SIDES = (224, 448, 896, 1344, 1792, 2240)
 # The host work of hsd's loop around a forward (Python: proposing, the tree batch, reading the path
-# back; the cache edits and the argmax are device work on a GPU), as `hsd profile` measured it
-# around a tiny model's forwards on this project's CPU, one thread, at 1, 8, 64 and 256 rows with
-# the step clock on the thread's CPU time (other work on the machine then does not count): per
-# coefficient the median of three fits after tries were laid out a block of turns at a time
-# (docs/BENCHMARKS.md, "Host work and the cost of a step"; the fit before, 0.39 ms, 5.9 us and
-# 3.7 us, was of wall time at 1, 8 and 64 rows): the CPU that drives a GPU runs the same Python.
-LOOP_HOST = HostCost(per_step=0.000495, per_row=0.00000469, per_node=0.00000203)
+# back, the cache edits), as `hsd profile`'s host runs measure it around a tiny model's forwards on
+# this project's CPU, one thread, at 1, 8, 64 and 256 rows, with the in-place KV store a GPU runs
+# (ModelConfig.kv_store_slots) and the step clock on the thread's CPU time (other work on the
+# machine then does not count): per coefficient the median of three fits after the step's host
+# work was laid out per batch (docs/BENCHMARKS.md, "Host work and the cost of a step"; the fit
+# before, 0.495 ms, 4.69 us and 2.03 us, was without the store). It keeps the CPU's argmax over the
+# nodes' logits, which a GPU computes on the device: the CPU that drives a GPU runs the rest.
+LOOP_HOST = HostCost(per_step=0.000221, per_row=0.0000023, per_node=0.00000138)
 
 
 @dataclass(frozen=True)
