@@ -10,7 +10,6 @@ replays CUDA graphs issues none of it.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +49,8 @@ def layer_types(config: dict[str, Any]) -> list[str]:
 def measure_issue(config: dict[str, Any], dtype: str = "bfloat16", repeats: int = 15) -> IssueCost:
     """The issue cost of a forward of `config`'s architecture: its family's tiny random model with
     the config's layers (kinds and count) at tiny widths on this CPU, one thread. Dispatch is
-    timed in float32 (the median of `repeats` forwards' thread CPU time), where a tiny op's
+    timed in float32 (the fastest of `repeats` forwards' thread CPU time: other work on the machine
+    slows a thread through its shared caches, not only by taking turns), where a tiny op's
     arithmetic is negligible (this CPU emulates bfloat16's); kernels are counted in `dtype`,
     whose casts run kernels that float32's skip."""
     from hsd_cli.decoding import load_target
@@ -65,7 +65,7 @@ def measure_issue(config: dict[str, Any], dtype: str = "bfloat16", repeats: int 
         with tempfile.TemporaryDirectory() as model_dir:
             build_tiny_random(family, model_dir, layers=layer_types(config))
             timed = _verification_forward(load_target(model_dir, device="cpu", dtype="float32"))
-            dispatch_s = statistics.median(timed() for _ in range(repeats))
+            dispatch_s = min(timed() for _ in range(repeats))
             counted_forward, counted = _verification_forward(load_target(model_dir, device="cpu", dtype=dtype)), KernelCount()
             counted_forward(counted)
             return IssueCost(dispatch_s, counted.kernels)
