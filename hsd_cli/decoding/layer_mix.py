@@ -21,6 +21,12 @@ LINEAR_ATTENTION = "linear_attention"
 RECURRENT_STATE_BYTES = 4
 
 
+def layer_kinds(text: Mapping[str, Any]) -> list[str]:
+    """The decoder's layer kinds in order, as `text` (a text config) states them: full attention
+    where it names none."""
+    return list(text.get("layer_types") or ["full_attention"] * text["num_hidden_layers"])
+
+
 @dataclass(frozen=True)
 class LinearAttention:
     """A model's Gated DeltaNet layers: per row and layer a recurrent state of `heads` x key_dim x
@@ -36,7 +42,7 @@ class LinearAttention:
     @classmethod
     def of(cls, text: Mapping[str, Any]) -> LinearAttention | None:
         """The linear layers `text` (a text config) declares, or None where it has none."""
-        layers = sum(kind == LINEAR_ATTENTION for kind in text.get("layer_types") or ())
+        layers = sum(kind == LINEAR_ATTENTION for kind in text.get("layer_types") or ())  # any config: no layer count needed
         if not layers:
             return None
         key_heads, key_dim = text["linear_num_key_heads"], text["linear_key_head_dim"]
@@ -71,4 +77,4 @@ class LinearAttention:
 
 def attention_layers(text: Mapping[str, Any]) -> int:
     """The decoder layers that cache keys and values: all but the linear-attention ones."""
-    return text["num_hidden_layers"] - sum(kind == LINEAR_ATTENTION for kind in text.get("layer_types") or ())
+    return text["num_hidden_layers"] - layer_kinds(text).count(LINEAR_ATTENTION)

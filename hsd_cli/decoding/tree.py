@@ -165,6 +165,14 @@ def batch_trees(trees: Sequence[TokenTree], pad_token: int = 0, width: int | Non
     return TreeBatch(*(torch.from_numpy(a) for a in (tokens, parents, depths, ancestors, valid)))
 
 
+def flat_hops(parents: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(B * K,) each node's parent as an index over the batch's nodes, row-major, a root's and a
+    padding node's itself: the first hop of pointer jumping up the nodes' paths."""
+    count, width = parents.shape
+    own = np.arange(width)
+    return (np.where(valid & (parents >= 0), parents, own) + np.arange(0, count * width, width)[:, None]).ravel()
+
+
 def branching_layout(parents: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ancestor masks (B, K, K) and depths (B, K) of padded rows of trees, by pointer jumping over
     all rows at once: each round a node takes in the nodes (set bits, a word per 64 nodes) and the
@@ -173,10 +181,8 @@ def branching_layout(parents: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray
     unpacking of the bits. Padding nodes see only themselves, at depth 0."""
     count, width = parents.shape
     node = np.arange(width)
-    has_parent = valid & (parents >= 0)
-    # Node indices over the whole batch; a root's and a padding node's hop is itself.
-    hop = (np.where(has_parent, parents, node) + np.arange(0, count * width, width)[:, None]).ravel()
-    depths = has_parent.ravel().astype(np.int64)  # the distance to `hop`
+    hop = flat_hops(parents, valid)
+    depths = (valid & (parents >= 0)).ravel().astype(np.int64)  # the distance to `hop`
     words = -(-width // 64)
     own_bit = np.zeros((width, words), dtype="<u8")
     own_bit[node, node // 64] = np.left_shift(np.uint64(1), (node % 64).astype(np.uint64))

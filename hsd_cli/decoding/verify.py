@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .tree import TreeBatch
+from .tree import TreeBatch, flat_hops
 
 
 @dataclass(frozen=True)
@@ -219,10 +219,10 @@ def path_nodes(trees: TreeBatch, picks: np.ndarray) -> np.ndarray:
     of the node `hop` up its path and then hops twice as far, so after r rounds it has looked at
     its 2^r nearest nodes up the path, the root included once 2^r passes its depth; log2(depth)
     gathers over the batch's nodes, not a (B, K, K) pass over the ancestor masks."""
-    count, width = trees.tokens.shape
-    # Node indices over the whole batch; a root's and a padding node's hop is its row's root.
-    hop = (trees.parents.numpy().clip(min=0) + np.arange(0, count * width, width)[:, None]).ravel()
-    accepted = (trees.tokens.numpy().ravel() == picks[hop]) & trees.valid.numpy().ravel()
+    width = trees.width
+    valid = trees.valid.numpy()
+    hop = flat_hops(trees.parents.numpy(), valid)
+    accepted = (trees.tokens.numpy().ravel() == picks[hop]) & valid.ravel()
     accepted[::width] = True  # a root is accepted already (and its own hop)
     for _ in range(int(trees.depths.numpy().max()).bit_length()):
         accepted &= accepted[hop]

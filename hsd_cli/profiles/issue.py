@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hsd_cli.decoding.layer_mix import layer_kinds
+
 # The host's cost of one kernel launch (cudaLaunchKernel and the caching allocator's bookkeeping)
 # beyond ATen's dispatch, which the measurement holds: a few microseconds on current drivers.
 KERNEL_LAUNCH_S = 2.5e-6
@@ -39,13 +41,6 @@ class IssueCost:
         return self.dispatch_s + self.kernels * KERNEL_LAUNCH_S
 
 
-def layer_types(config: dict[str, Any]) -> list[str]:
-    """The decoder's layer kinds in order, as the config states them (full attention where it
-    names none)."""
-    text = config.get("text_config") or config
-    return list(text.get("layer_types") or ["full_attention"] * text["num_hidden_layers"])
-
-
 def measure_issue(config: dict[str, Any], dtype: str = "bfloat16", repeats: int = 15) -> IssueCost:
     """The issue cost of a forward of `config`'s architecture: its family's tiny random model with
     the config's layers (kinds and count) at tiny widths on this CPU, one thread. Dispatch is
@@ -63,7 +58,7 @@ def measure_issue(config: dict[str, Any], dtype: str = "bfloat16", repeats: int 
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory() as model_dir:
-            build_tiny_random(family, model_dir, layers=layer_types(config))
+            build_tiny_random(family, model_dir, layers=layer_kinds(config.get("text_config") or config))
             timed = _verification_forward(load_target(model_dir, device="cpu", dtype="float32"))
             dispatch_s = min(timed() for _ in range(repeats))
             counted_forward, counted = _verification_forward(load_target(model_dir, device="cpu", dtype=dtype)), KernelCount()
